@@ -1,0 +1,328 @@
+/*
+ * tbrdma BTL: the component — parameters, device discovery, module creation.
+ */
+#include "tb_config.h"
+#include "btl_tbrdma.h"
+
+#include "opal/mca/base/mca_base_var.h"
+#include "opal/mca/base/mca_base_var_enum.h"
+#include "opal/util/argv.h"
+#include "opal/util/output.h"
+#include "opal/util/proc.h"
+#include "opal/util/show_help.h"
+
+#include "tb_log.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int tbrdma_component_register(void);
+static int tbrdma_component_open(void);
+static int tbrdma_component_close(void);
+static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_progress_threads,
+                                                     bool enable_mpi_threads);
+
+mca_btl_tbrdma_component_t mca_btl_tbrdma_component = {
+    .super = {
+        .btl_version = {
+            MCA_BTL_DEFAULT_VERSION("tbrdma"),
+            .mca_open_component = tbrdma_component_open,
+            .mca_close_component = tbrdma_component_close,
+            .mca_register_component_params = tbrdma_component_register,
+        },
+        .btl_data = {
+            .param_field = MCA_BASE_METADATA_PARAM_CHECKPOINT,
+        },
+        .btl_init = tbrdma_component_init,
+    },
+};
+
+static const mca_base_var_enum_value_t checksum_values[] = {
+    {TB_CHECKSUM_FULL, "full"},
+    {TB_CHECKSUM_HEADER, "header"},
+    {0, NULL},
+};
+
+static void register_string(const char *name, const char *help, mca_base_var_info_lvl_t level,
+                            char **storage)
+{
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
+                                           help, MCA_BASE_VAR_TYPE_STRING, NULL, 0, 0, level,
+                                           MCA_BASE_VAR_SCOPE_READONLY, storage);
+}
+
+static void register_int(const char *name, const char *help, mca_base_var_info_lvl_t level,
+                         int *storage)
+{
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
+                                           help, MCA_BASE_VAR_TYPE_INT, NULL, 0, 0, level,
+                                           MCA_BASE_VAR_SCOPE_READONLY, storage);
+}
+
+static void register_uint(const char *name, const char *help, mca_base_var_info_lvl_t level,
+                          uint32_t *storage)
+{
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
+                                           help, MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0,
+                                           level, MCA_BASE_VAR_SCOPE_READONLY, storage);
+}
+
+static int tbrdma_component_register(void)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_module_t *m = &mca_btl_tbrdma_module_template.super;
+    mca_base_var_enum_t *checksum_enum = NULL;
+    tb_tunables_t *t = &c->tunables;
+
+    tb_tunables_defaults(t);
+    c->verbs_library = (char *) t->verbs_library;
+    c->if_include = (char *) t->if_include;
+    c->if_exclude = (char *) t->if_exclude;
+    c->checksum = t->checksum;
+
+    register_string("verbs_library",
+                    "Verbs library loaded at run time (default: /usr/lib/librdma.dylib on "
+                    "macOS, libibverbs.so.1 elsewhere)",
+                    OPAL_INFO_LVL_5, &c->verbs_library);
+    register_string("if_include",
+                    "Comma-separated shell patterns of RDMA device names to use (e.g. "
+                    "\"rdma_en*\"); mutually exclusive with btl_tbrdma_if_exclude",
+                    OPAL_INFO_LVL_3, &c->if_include);
+    register_string("if_exclude",
+                    "Comma-separated shell patterns of RDMA device names not to use; mutually "
+                    "exclusive with btl_tbrdma_if_include",
+                    OPAL_INFO_LVL_3, &c->if_exclude);
+    register_int("lanes",
+                 "Queue pairs per connection: 2 = a small-frame lane for latency and a "
+                 "bulk-frame lane for bandwidth; 1 = small frames only (saves queue pairs)",
+                 OPAL_INFO_LVL_5, &t->lanes);
+    register_uint("small_frame_size",
+                  "Bytes per small-lane receive buffer (a multiple of 4096: Apple's RDMA "
+                  "delivers a send only into a receive of the same number of 4 KiB frames)",
+                  OPAL_INFO_LVL_5, &t->small_frame_size);
+    register_uint("bulk_frame_size",
+                  "Bytes per bulk-lane receive buffer (a multiple of 4096, at most 16773120)",
+                  OPAL_INFO_LVL_5, &t->bulk_frame_size);
+    register_int("recv_depth",
+                 "Receives kept posted per queue pair (2-32; Apple's RDMA fails beyond ~32)",
+                 OPAL_INFO_LVL_5, &t->recv_depth);
+    register_int("qps_per_device",
+                 "Queue pairs this process may create on one device (1-10; Apple's RDMA "
+                 "allows 10 per device for all processes of a host)",
+                 OPAL_INFO_LVL_5, &t->qps_per_device);
+    register_uint("peer_timeout",
+                  "Milliseconds without any answer after which a peer (or its cable) is "
+                  "declared dead and the job is told",
+                  OPAL_INFO_LVL_4, &t->peer_timeout_ms);
+    register_uint("rto_min",
+                  "Microseconds before the first retransmission of an unacknowledged frame "
+                  "(doubles on each retry)",
+                  OPAL_INFO_LVL_6, &t->rto_min_us);
+    if (OPAL_SUCCESS == mca_base_var_enum_create("btl_tbrdma_checksum", checksum_values,
+                                                 &checksum_enum)) {
+        (void) mca_base_component_var_register(&c->super.btl_version, "checksum",
+                                               "CRC32C coverage of each frame: \"full\" (header "
+                                               "and data) or \"header\"",
+                                               MCA_BASE_VAR_TYPE_INT, checksum_enum, 0, 0,
+                                               OPAL_INFO_LVL_5, MCA_BASE_VAR_SCOPE_READONLY,
+                                               &c->checksum);
+        OBJ_RELEASE(checksum_enum);
+    }
+
+    /* Defaults for the parameters Open MPI's BTL base registers for us. */
+    m->btl_exclusivity = MCA_BTL_EXCLUSIVITY_DEFAULT;
+    m->btl_latency = 4;
+    m->btl_bandwidth = 9000;
+    m->btl_eager_limit = 4 * 1024 - 64;
+    m->btl_rndv_eager_limit = m->btl_eager_limit;
+    m->btl_max_send_size = 64 * 1024 - 64;
+    m->btl_flags = MCA_BTL_FLAGS_SEND;
+    return mca_btl_base_param_register(&c->super.btl_version, m);
+}
+
+static void log_to_opal(tb_log_level_t level, const char *msg, void *ctx)
+{
+    (void) ctx;
+    if (level <= TB_LOG_WARN) {
+        opal_output(0, "btl:tbrdma on %s: %s", opal_process_info.nodename, msg);
+    } else {
+        BTL_TBRDMA_VERBOSE(level == TB_LOG_INFO ? 20 : 50, "%s", msg);
+    }
+}
+
+static int tbrdma_component_open(void)
+{
+    int verbosity = opal_output_get_verbosity(opal_btl_base_framework.framework_output);
+    char dir[PATH_MAX], *slash;
+    Dl_info self;
+
+    tb_log_set_sink(log_to_opal, NULL,
+                    verbosity >= 50 ? TB_LOG_DEBUG : (verbosity >= 20 ? TB_LOG_INFO : TB_LOG_WARN));
+    /* Help text is found where it was installed, or beside the component
+     * itself when it runs from a build tree. */
+    (void) opal_show_help_add_dir(TB_HELP_DIR);
+    if (0 != dladdr(&mca_btl_tbrdma_component, &self) && self.dli_fname) {
+        snprintf(dir, sizeof(dir), "%s", self.dli_fname);
+        slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = '\0';
+            (void) opal_show_help_add_dir(dir);
+        }
+    }
+    return OPAL_SUCCESS;
+}
+
+static int tbrdma_component_close(void)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
+    free(c->modules);
+    c->modules = NULL;
+    c->num_modules = 0;
+    tb_device_list_close(&c->devices);
+    tb_log_set_sink(NULL, NULL, TB_LOG_WARN);
+    return OPAL_SUCCESS;
+}
+
+/* True when the user listed tbrdma by name and no other network BTL beside
+ * it: then a missing device means the job cannot communicate, and the user
+ * deserves to know why rather than only Open MPI's generic "unreachable". */
+static bool tbrdma_is_the_only_network(void)
+{
+    static const char *const local_only[] = {"tbrdma", "self", "sm", "vader", NULL};
+    const char **value = NULL;
+    char **names;
+    bool named = false, others = false;
+    int index, i, j;
+
+    index = mca_base_var_find("opal", "btl", NULL, NULL);
+    if (index < 0 || OPAL_SUCCESS != mca_base_var_get_value(index, &value, NULL, NULL) ||
+        NULL == value || NULL == *value || '^' == (*value)[0]) {
+        return false;
+    }
+    names = opal_argv_split(*value, ',');
+    for (i = 0; names && names[i]; ++i) {
+        bool local = false;
+        for (j = 0; local_only[j]; ++j) {
+            local = local || 0 == strcmp(names[i], local_only[j]);
+        }
+        named = named || 0 == strcmp(names[i], "tbrdma");
+        others = others || !local;
+    }
+    opal_argv_free(names);
+    return named && !others;
+}
+
+static void report_no_device(const char *why)
+{
+    BTL_TBRDMA_VERBOSE(1, "disqualifying myself on %s: %s", opal_process_info.nodename, why);
+    if (tbrdma_is_the_only_network()) {
+        opal_show_help(BTL_TBRDMA_HELP_FILE, "no usable device", true, opal_process_info.nodename,
+                       why);
+    }
+}
+
+static int load_tunables(char *err, size_t errlen)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_module_t *m = &mca_btl_tbrdma_module_template.super;
+    tb_tunables_t *t = &c->tunables;
+
+    t->verbs_library = c->verbs_library ? c->verbs_library : "";
+    t->if_include = c->if_include ? c->if_include : "";
+    t->if_exclude = c->if_exclude ? c->if_exclude : "";
+    t->checksum = c->checksum;
+    if (0 != tb_tunables_validate(t, "btl_tbrdma_", err, errlen)) {
+        return -1;
+    }
+    if (m->btl_eager_limit > m->btl_max_send_size) {
+        snprintf(err, errlen,
+                 "btl_tbrdma_eager_limit = %zu must not exceed btl_tbrdma_max_send_size = %zu",
+                 m->btl_eager_limit, m->btl_max_send_size);
+        return -1;
+    }
+    return 0;
+}
+
+static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_progress_threads,
+                                                     bool enable_mpi_threads)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_module_t **result;
+    tb_namefilter_t filter;
+    char err[512];
+    int i, usable;
+
+    *num_btls = 0;
+    if (0 != load_tunables(err, sizeof(err))) {
+        opal_show_help(BTL_TBRDMA_HELP_FILE, "invalid parameter", true,
+                       opal_process_info.nodename, err);
+        return NULL;
+    }
+    (void) tb_namefilter_parse(&filter, c->tunables.if_include, c->tunables.if_exclude, err,
+                               sizeof(err));
+    if (0 != tb_device_list_open(&c->devices, c->tunables.verbs_library, &filter, err,
+                                 sizeof(err))) {
+        report_no_device(err);
+        return NULL;
+    }
+    usable = tb_device_list_usable_count(&c->devices);
+    if (0 == usable) {
+        snprintf(err, sizeof(err),
+                 0 == c->devices.count
+                     ? "no RDMA device%s (on a Mac: macOS 26.2 or later, RDMA enabled with "
+                       "'rdma_ctl enable' in Recovery, and a Thunderbolt 5 cable)"
+                     : "no RDMA device is usable%s; run with --mca btl_base_verbose 20 to see why",
+                 filter.count ? " passes btl_tbrdma_if_include/if_exclude" : "");
+        report_no_device(err);
+        goto close;
+    }
+
+    c->modules = calloc((size_t) usable, sizeof(*c->modules));
+    if (NULL == c->modules) {
+        opal_output(0, "btl:tbrdma: out of memory creating %d modules", usable);
+        goto close;
+    }
+    for (i = 0; i < c->devices.count; ++i) {
+        mca_btl_tbrdma_module_t *module;
+
+        if (!c->devices.devices[i].usable) {
+            continue;
+        }
+        module = malloc(sizeof(*module));
+        if (NULL == module) {
+            opal_output(0, "btl:tbrdma: out of memory creating the module of %s",
+                        c->devices.devices[i].name);
+            goto free_modules;
+        }
+        *module = mca_btl_tbrdma_module_template;
+        module->device = &c->devices.devices[i];
+        c->modules[c->num_modules++] = module;
+        BTL_TBRDMA_VERBOSE(10, "module for device %s (interface %s)", module->device->name,
+                           module->device->netdev);
+    }
+    /* Open MPI frees the array it is given; the component keeps its own. */
+    result = malloc((size_t) c->num_modules * sizeof(*result));
+    if (NULL == result) {
+        goto free_modules;
+    }
+    for (i = 0; i < c->num_modules; ++i) {
+        result[i] = &c->modules[i]->super;
+    }
+    *num_btls = c->num_modules;
+    return result;
+
+free_modules:
+    for (i = 0; i < c->num_modules; ++i) {
+        free(c->modules[i]);
+    }
+    free(c->modules);
+    c->modules = NULL;
+    c->num_modules = 0;
+close:
+    tb_device_list_close(&c->devices);
+    return NULL;
+}

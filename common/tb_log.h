@@ -1,0 +1,41 @@
+/*
+ * tbrdma common layer: diagnostics.
+ *
+ * common/ has no Open MPI dependency, so it reports through a sink the
+ * embedding code installs (the BTL routes it to opal_output; tests and tools
+ * to stderr).  Messages are single lines without a trailing newline.
+ */
+#ifndef TB_LOG_H
+#define TB_LOG_H
+
+#include <stdarg.h>
+
+typedef enum {
+    TB_LOG_ERROR = 0, /* something failed; the message says what the user can do */
+    TB_LOG_WARN = 1,
+    TB_LOG_INFO = 2,
+    TB_LOG_DEBUG = 3,
+    TB_LOG_TRACE = 4,
+} tb_log_level_t;
+
+typedef void (*tb_log_sink_fn_t)(tb_log_level_t level, const char *msg, void *ctx);
+
+/* Install the sink and the most verbose level passed to it; a NULL sink
+ * means the default one, stderr. */
+void tb_log_set_sink(tb_log_sink_fn_t sink, void *ctx, tb_log_level_t max_level);
+
+int tb_log_enabled(tb_log_level_t level);
+
+void tb_log(tb_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define TB_ERROR(...) tb_log(TB_LOG_ERROR, __VA_ARGS__)
+#define TB_WARN(...) tb_log(TB_LOG_WARN, __VA_ARGS__)
+#define TB_INFO(...) tb_log(TB_LOG_INFO, __VA_ARGS__)
+#define TB_DEBUG(...)                        \
+    do {                                     \
+        if (tb_log_enabled(TB_LOG_DEBUG)) {  \
+            tb_log(TB_LOG_DEBUG, __VA_ARGS__); \
+        }                                    \
+    } while (0)
+
+#endif /* TB_LOG_H */
