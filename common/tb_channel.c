@@ -1,0 +1,1365 @@
+/*
+ * tbrdma common layer: the reliable channel (see tb_channel.h).
+ *
+ * Per lane, two sequence spaces:
+ *  - tsn counts transmissions.  The receiver advertises an absolute limit,
+ *    "highest tsn seen + receives posted now": every transmission up to the
+ *    limit finds a receive, because a lost frame consumed none and a frame
+ *    that landed is counted once it is polled.  A later advertisement always
+ *    supersedes an earlier one, so lost or duplicated updates heal by
+ *    themselves.  The sender keeps CTRL_RESERVE lane-0 credits for control
+ *    frames, so acks and credit updates always get through and two
+ *    saturated peers cannot deadlock.
+ *  - seq numbers data frames; the receiver accepts only the next one in
+ *    order (go-back-N: on UC a QP does not reorder, so a gap means loss),
+ *    acks cumulatively, and NAKs the first gap once.
+ * Messages carry a channel-wide msg_id so that messages on the two lanes are
+ * delivered in send order.
+ */
+#include "tb_channel.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb_crc32c.h"
+#include "tb_log.h"
+
+#define CTRL_RESERVE 2   /* lane-0 credits only control frames may use */
+#define CTRL_FRAMES 8    /* control frames in flight at once */
+#define WARN_INTERVAL_NS 1000000000ull
+
+typedef enum {
+    CH_IDLE,       /* created, not connected */
+    CH_CONNECTING, /* HELLO sent, nothing heard yet */
+    CH_ESTABLISHED,
+    CH_FAILED,
+    CH_CLOSED,
+} ch_state_t;
+
+typedef struct tb_send_req {
+    struct tb_send_req *next;
+    void *cookie;
+    uint32_t msg_id;
+    uint32_t len;
+    uint32_t sent; /* bytes already fragmented */
+    uint32_t frags_total;
+    uint32_t frags_sent;
+    uint32_t frags_acked;
+    uint8_t tag;
+    int iovcnt;
+    int iov_idx;
+    size_t iov_off;
+    struct iovec *iov;
+    struct iovec iov_one;
+} tb_send_req_t;
+
+/* One posted or postable frame.  Data frames live in their lane's ring at
+ * index seq % window and keep their slot until acked and locally complete:
+ * a retransmission resends the same slot, so the caller's memory is read
+ * only once. */
+typedef struct tb_tx_frame {
+    void *buf;
+    tb_send_req_t *req;
+    struct tb_tx_frame *next_free;
+    uint32_t len;
+    uint8_t lane;
+    uint8_t posted;
+    uint8_t acked;
+    uint8_t is_ctrl;
+} tb_tx_frame_t;
+
+typedef struct tb_tx_lane {
+    tb_tx_frame_t *ring;
+    unsigned window;
+    uint32_t frag_cap;  /* payload bytes per frame */
+    uint32_t post_min;  /* shortest post with the lane's frame count */
+    uint32_t una;       /* oldest unacked seq */
+    uint32_t next_seq;  /* seq of the next new frame */
+    uint32_t retx_next; /* next seq to retransmit; == next_seq when none */
+    uint32_t next_tsn;
+    uint32_t peer_limit; /* may transmit tsn <= peer_limit */
+    uint64_t rto;
+    uint64_t timer_start;
+    uint64_t ack_progress_ns;
+    uint64_t last_goback_ns;
+    uint32_t last_goback_una;
+    int stalled;
+    uint64_t stall_since;
+    uint64_t last_probe_ns;
+    tb_send_req_t *q_head; /* requests in send order, oldest unacked first */
+    tb_send_req_t *q_tail;
+    tb_send_req_t *q_cur;  /* first request with unsent fragments */
+} tb_tx_lane_t;
+
+typedef struct tb_rx_msg {
+    struct tb_rx_msg *next;
+    void *slot; /* held receive slot (single-frame message) */
+    unsigned char *data;
+    uint32_t msg_id;
+    uint32_t len;
+    uint32_t got;
+    uint8_t tag;
+    uint8_t lane;
+    uint8_t caller_buf;
+} tb_rx_msg_t;
+
+typedef struct tb_rx_lane {
+    void **bufs; /* every receive slot the channel holds */
+    unsigned nbufs;
+    unsigned posted;
+    unsigned ack_every;
+    uint32_t expected; /* next seq accepted */
+    uint32_t h_tsn;    /* highest tsn seen */
+    uint32_t adv_limit;
+    uint32_t last_msg_id;
+    int have_msg;
+    int nak_pending;
+    int nak_sent; /* a NAK went out for the current gap */
+    unsigned unacked;
+    uint64_t ack_since;
+    tb_rx_msg_t *assembling;
+    tb_rx_msg_t *wait_head; /* complete, waiting for an earlier msg_id */
+    tb_rx_msg_t *wait_tail;
+} tb_rx_lane_t;
+
+struct tb_channel {
+    tb_channel_params_t p;
+    tb_link_t *link;
+    tb_channel_callbacks_t cb;
+    ch_state_t state;
+    int status;
+    uint64_t now;
+    uint64_t connect_ns;
+    uint64_t last_rx_ns;
+    uint64_t last_tx_ns;
+    uint64_t last_hello_ns;
+    uint64_t hello_ivl;
+    uint64_t peer_epoch;
+    uint32_t next_msg_id;
+    uint32_t next_deliver;
+    int ack_now;
+    int in_callback;
+    size_t pending;
+    uint64_t last_warn_ns;
+    uint64_t warn_suppressed;
+    tb_tx_lane_t tx[TB_WIRE_MAX_LANES];
+    tb_rx_lane_t rx[TB_WIRE_MAX_LANES];
+    tb_tx_frame_t ctrl[CTRL_FRAMES];
+    tb_tx_frame_t *ctrl_free;
+    tb_channel_counters_t cnt;
+};
+
+static void tx_push(tb_channel_t *ch);
+
+static void req_free(tb_send_req_t *req)
+{
+    if (req->iov != &req->iov_one) {
+        free(req->iov);
+    }
+    free(req);
+}
+
+const char *tb_channel_strerror(int status)
+{
+    switch (status) {
+    case TB_CHAN_OK: return "success";
+    case TB_CHAN_EINVAL: return "invalid parameter";
+    case TB_CHAN_ENOMEM: return "out of memory or link buffers";
+    case TB_CHAN_EMSGSIZE: return "message too large";
+    case TB_CHAN_EPROTO: return "incompatible or corrupt peer address";
+    case TB_CHAN_ESTATE: return "operation not valid in the channel's state";
+    case TB_CHAN_EPEERDEAD: return "peer stopped answering";
+    case TB_CHAN_ERESTARTED: return "peer restarted";
+    case TB_CHAN_ECLOSED: return "peer closed the channel";
+    case TB_CHAN_ECANCELED: return "canceled by local close";
+    case TB_CHAN_ELINK: return "link error";
+    default: return "unknown error";
+    }
+}
+
+void tb_channel_params_default(tb_channel_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->nlanes = 2;
+    p->frame_size[0] = TB_WIRE_HW_FRAME;
+    p->frame_size[1] = 16 * TB_WIRE_HW_FRAME;
+    p->recv_depth_max = 32;
+    for (unsigned l = 0; l < TB_WIRE_MAX_LANES; l++) {
+        p->recv_depth[l] = 32;
+        p->send_window[l] = 32;
+    }
+    p->payload_crc = 1;
+    p->max_msg_size = 64u << 20;
+    p->ack_delay_ns = 20000;
+    p->rto_min_ns = 1000000;
+    p->rto_max_ns = 128000000;
+    p->keepalive_ns = 100000000;
+    p->peer_timeout_ns = 5000000000ull;
+    p->max_frames_per_progress = 64;
+}
+
+#define CHECK(cond, ...)                          \
+    do {                                          \
+        if (!(cond)) {                            \
+            if (why) {                            \
+                snprintf(why, why_len, __VA_ARGS__); \
+            }                                     \
+            return TB_CHAN_EINVAL;                \
+        }                                         \
+    } while (0)
+
+int tb_channel_params_check(const tb_channel_params_t *p, char *why, size_t why_len)
+{
+    CHECK(p->nlanes >= 1 && p->nlanes <= TB_WIRE_MAX_LANES, "nlanes is %u; it must be 1 or 2",
+          p->nlanes);
+    CHECK(p->recv_depth_max >= 1 && p->recv_depth_max <= 4095,
+          "recv_depth_max is %u; the hardware queue holds at most 4095 frames",
+          p->recv_depth_max);
+    for (unsigned l = 0; l < p->nlanes; l++) {
+        uint32_t fs = p->frame_size[l];
+        unsigned min_depth = l == 0 ? CTRL_RESERVE + 2 : 2;
+        CHECK(fs >= TB_WIRE_HW_FRAME && fs % TB_WIRE_HW_FRAME == 0 && fs <= TB_WIRE_HW_MAX_MSG,
+              "frame_size[%u] is %u; it must be a multiple of 4096 between 4096 and 16773120", l,
+              fs);
+        CHECK(p->recv_depth[l] >= min_depth && p->recv_depth[l] <= p->recv_depth_max,
+              "recv_depth[%u] is %u; it must be between %u and recv_depth_max (%u)", l,
+              p->recv_depth[l], min_depth, p->recv_depth_max);
+        CHECK((uint64_t) p->recv_depth[l] * (fs / TB_WIRE_HW_FRAME) <= 4095,
+              "recv_depth[%u] x frame_size[%u] is %llu frames; a queue holds at most 4095", l,
+              l, (unsigned long long) p->recv_depth[l] * (fs / TB_WIRE_HW_FRAME));
+        CHECK(p->send_window[l] >= 1 && p->send_window[l] <= 4096,
+              "send_window[%u] is %u; it must be between 1 and 4096", l, p->send_window[l]);
+    }
+    CHECK(p->epoch != 0, "epoch is 0; it must be a random non-zero value per incarnation");
+    CHECK(p->rto_min_ns > 0 && p->rto_max_ns >= p->rto_min_ns,
+          "rto_min_ns (%llu) must be non-zero and at most rto_max_ns (%llu)",
+          (unsigned long long) p->rto_min_ns, (unsigned long long) p->rto_max_ns);
+    CHECK(p->keepalive_ns > 0 && p->peer_timeout_ns > p->keepalive_ns
+              && p->peer_timeout_ns > p->rto_min_ns,
+          "peer_timeout_ns (%llu) must exceed keepalive_ns (%llu) and rto_min_ns",
+          (unsigned long long) p->peer_timeout_ns, (unsigned long long) p->keepalive_ns);
+    CHECK(p->max_frames_per_progress >= 1, "max_frames_per_progress must be at least 1");
+    return TB_CHAN_OK;
+}
+
+#undef CHECK
+
+/* ------------------------------------------------------------------ */
+/* Failure and cancellation                                            */
+
+static void release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f)
+{
+    ch->link->ops->send_buf_put(ch->link, f->lane, f->buf);
+    f->buf = NULL;
+    f->req = NULL;
+    if (f->is_ctrl) {
+        f->next_free = ch->ctrl_free;
+        ch->ctrl_free = f;
+    }
+}
+
+static void rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m)
+{
+    if (m->caller_buf) {
+        ch->cb.recv_buf_drop(ch->cb.ctx, m->data);
+    } else if (!m->slot) {
+        free(m->data);
+    }
+    free(m);
+}
+
+/* Drop all queued work; pending sends complete with status. */
+static void cancel_all(tb_channel_t *ch, int status)
+{
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        tb_rx_lane_t *r = &ch->rx[l];
+
+        for (unsigned i = 0; i < t->window; i++) {
+            tb_tx_frame_t *f = &t->ring[i];
+            f->req = NULL;
+            if (f->buf && !f->posted) {
+                release_tx_frame(ch, f);
+            }
+        }
+        if (r->assembling) {
+            rx_msg_free(ch, r->assembling);
+            r->assembling = NULL;
+        }
+        while (r->wait_head) {
+            tb_rx_msg_t *m = r->wait_head;
+            r->wait_head = m->next;
+            rx_msg_free(ch, m);
+        }
+        r->wait_tail = NULL;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        while (t->q_head) {
+            tb_send_req_t *req = t->q_head;
+            t->q_head = req->next;
+            ch->pending--;
+            if (ch->cb.send_done) {
+                ch->cb.send_done(ch->cb.ctx, req->cookie, status);
+            }
+            req_free(req);
+        }
+        t->q_tail = t->q_cur = NULL;
+    }
+}
+
+__attribute__((format(printf, 3, 4))) static void ch_fail(tb_channel_t *ch, int status,
+                                                          const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+
+    if (ch->state == CH_FAILED || ch->state == CH_CLOSED) {
+        return;
+    }
+    ch->state = CH_FAILED;
+    ch->status = status;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    TB_WARN("channel to peer epoch %016llx failed: %s", (unsigned long long) ch->peer_epoch, why);
+    if (ch->cb.error) {
+        ch->cb.error(ch->cb.ctx, status, why);
+    }
+    cancel_all(ch, status);
+}
+
+static int ch_usable(const tb_channel_t *ch)
+{
+    return ch->state == CH_CONNECTING || ch->state == CH_ESTABLISHED;
+}
+
+/* ------------------------------------------------------------------ */
+/* Transmission                                                        */
+
+static uint32_t rx_limit(tb_channel_t *ch, unsigned l)
+{
+    tb_rx_lane_t *r = &ch->rx[l];
+    uint32_t lim = r->h_tsn + r->posted;
+    return tb_seq_lt(lim, r->adv_limit) ? r->adv_limit : lim;
+}
+
+static int tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl)
+{
+    tb_tx_lane_t *t = &ch->tx[lane];
+    int32_t avail = tb_seq_diff(t->peer_limit, t->next_tsn) + 1;
+    int32_t reserve = (lane == 0 && !is_ctrl) ? CTRL_RESERVE : 0;
+    return avail > reserve;
+}
+
+/* Stamp the per-transmission fields (tsn, acks, credits) and post. */
+static int tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags)
+{
+    tb_wire_frame_hdr_t *h = f->buf;
+    tb_tx_lane_t *t = &ch->tx[f->lane];
+    int rc;
+
+    for (unsigned l = 0; l < TB_WIRE_MAX_LANES; l++) {
+        if (l >= ch->p.nlanes) {
+            h->ack[l] = 0;
+            h->credit[l] = 0;
+            continue;
+        }
+        tb_rx_lane_t *r = &ch->rx[l];
+        uint32_t lim = rx_limit(ch, l);
+        h->ack[l] = tb_wire_le32(r->expected - 1);
+        h->credit[l] = tb_wire_le32(lim);
+        r->adv_limit = lim;
+        r->unacked = 0;
+        if (r->nak_pending) {
+            flags |= l == 0 ? TB_FRAME_F_NAK0 : TB_FRAME_F_NAK1;
+            r->nak_pending = 0;
+            ch->cnt.naks_sent++;
+        }
+    }
+    ch->ack_now = 0;
+    h->flags = flags;
+    h->src_epoch = tb_wire_le64(ch->p.epoch);
+    h->dst_epoch = tb_wire_le64(ch->peer_epoch);
+    h->tsn = tb_wire_le32(t->next_tsn++);
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+
+    rc = ch->link->ops->post_send(ch->link, f->lane, f->buf, f->len, f);
+    if (rc != 0) {
+        ch_fail(ch, TB_CHAN_ELINK, "posting a send on lane %u failed (%d)", f->lane, rc);
+        return rc;
+    }
+    f->posted = 1;
+    ch->cnt.frames_sent++;
+    ch->last_tx_ns = ch->now;
+    return 0;
+}
+
+static void hdr_init(tb_wire_frame_hdr_t *h, uint8_t type, unsigned lane)
+{
+    memset(h, 0, TB_WIRE_HDR_SIZE);
+    h->magic = tb_wire_le32(TB_WIRE_FRAME_MAGIC);
+    h->version = TB_WIRE_VERSION;
+    h->type = type;
+    h->lane = (uint8_t) lane;
+}
+
+/* Send a header-only frame on lane 0.  HELLO ignores credits: nothing is
+ * known about the peer's receives yet, and a lost HELLO is resent. */
+static int tx_ctrl(tb_channel_t *ch, uint8_t type, uint8_t flags)
+{
+    tb_tx_frame_t *f = ch->ctrl_free;
+
+    if (!f || (type != TB_FRAME_HELLO && !tx_credit_ok(ch, 0, 1))) {
+        return -1;
+    }
+    f->buf = ch->link->ops->send_buf_get(ch->link, 0);
+    if (!f->buf) {
+        return -1;
+    }
+    ch->ctrl_free = f->next_free;
+    hdr_init(f->buf, type, 0);
+    f->len = TB_WIRE_HDR_SIZE;
+    if (tx_post(ch, f, flags) != 0) {
+        return -1;
+    }
+    ch->cnt.ctrl_frames_sent++;
+    if (flags & TB_FRAME_F_KEEPALIVE) {
+        ch->cnt.keepalives_sent++;
+    }
+    return 0;
+}
+
+/* Copy the next fragment of req into buf. */
+static uint32_t frag_fill(tb_channel_t *ch, tb_send_req_t *req, unsigned lane, unsigned char *buf)
+{
+    uint32_t plen = req->len - req->sent;
+    uint32_t left;
+    unsigned char *dst = buf;
+
+    if (plen > ch->tx[lane].frag_cap) {
+        plen = ch->tx[lane].frag_cap;
+    }
+    left = plen;
+    while (left > 0) {
+        const struct iovec *v = &req->iov[req->iov_idx];
+        size_t n = v->iov_len - req->iov_off;
+        if (n > left) {
+            n = left;
+        }
+        memcpy(dst, (const unsigned char *) v->iov_base + req->iov_off, n);
+        dst += n;
+        left -= (uint32_t) n;
+        req->iov_off += n;
+        if (req->iov_off == v->iov_len) {
+            req->iov_idx++;
+            req->iov_off = 0;
+        }
+    }
+    return plen;
+}
+
+static int tx_new_frame(tb_channel_t *ch, unsigned lane)
+{
+    tb_tx_lane_t *t = &ch->tx[lane];
+    tb_send_req_t *req = t->q_cur;
+    tb_tx_frame_t *f = &t->ring[t->next_seq % t->window];
+    tb_wire_frame_hdr_t *h;
+    uint32_t off = req->sent, plen;
+    uint8_t flags = 0;
+    void *buf;
+
+    buf = ch->link->ops->send_buf_get(ch->link, lane);
+    if (!buf) {
+        return -1;
+    }
+    h = buf;
+    hdr_init(h, TB_FRAME_DATA, lane);
+    plen = frag_fill(ch, req, lane, (unsigned char *) buf + TB_WIRE_HDR_SIZE);
+    h->seq = tb_wire_le32(t->next_seq);
+    h->msg_id = tb_wire_le32(req->msg_id);
+    h->msg_len = tb_wire_le32(req->len);
+    h->frag_offset = tb_wire_le32(off);
+    h->payload_len = tb_wire_le32(plen);
+    h->tag = req->tag;
+    if (ch->p.payload_crc) {
+        flags |= TB_FRAME_F_PAYLOAD_CRC;
+        h->payload_crc = tb_wire_le32(tb_crc32c(0, (unsigned char *) buf + TB_WIRE_HDR_SIZE,
+                                                plen));
+    }
+    h->flags = flags;
+
+    f->buf = buf;
+    f->req = req;
+    f->lane = (uint8_t) lane;
+    f->acked = 0;
+    f->posted = 0;
+    f->len = TB_WIRE_HDR_SIZE + plen;
+    if (f->len < t->post_min) {
+        f->len = t->post_min; /* the receive has the lane's frame count */
+    }
+    req->sent += plen;
+    if (++req->frags_sent == req->frags_total) {
+        t->q_cur = req->next;
+    }
+    if (t->una == t->next_seq) {
+        t->timer_start = ch->now;
+        t->ack_progress_ns = ch->now;
+    }
+    t->next_seq++;
+    t->retx_next = t->next_seq;
+    ch->cnt.data_frames_sent++;
+    return tx_post(ch, f, flags);
+}
+
+static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
+{
+    if (!t->stalled) {
+        t->stalled = 1;
+        t->stall_since = ch->now;
+        ch->cnt.credit_stalls++;
+    }
+}
+
+static void tx_push(tb_channel_t *ch)
+{
+    unsigned budget = ch->p.max_frames_per_progress;
+
+    if (ch->state != CH_ESTABLISHED) {
+        return;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes && ch->state == CH_ESTABLISHED; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+
+        while (t->retx_next != t->next_seq && budget > 0) {
+            tb_tx_frame_t *f = &t->ring[t->retx_next % t->window];
+            uint8_t flags;
+            if (f->posted) {
+                break; /* the previous post still reads the slot */
+            }
+            if (!tx_credit_ok(ch, l, 0)) {
+                tx_stall(ch, t);
+                break;
+            }
+            t->stalled = 0;
+            flags = (((tb_wire_frame_hdr_t *) f->buf)->flags & TB_FRAME_F_PAYLOAD_CRC)
+                    | TB_FRAME_F_RETX;
+            if (t->retx_next == t->una) {
+                flags |= TB_FRAME_F_ACK_REQ;
+            }
+            t->retx_next++;
+            budget--;
+            ch->cnt.retransmits++;
+            if (tx_post(ch, f, flags) != 0) {
+                return;
+            }
+        }
+        if (t->retx_next != t->next_seq) {
+            continue;
+        }
+        while (t->q_cur && budget > 0) {
+            tb_tx_frame_t *f = &t->ring[t->next_seq % t->window];
+            if (t->next_seq - t->una >= t->window || f->buf) {
+                break;
+            }
+            if (!tx_credit_ok(ch, l, 0)) {
+                tx_stall(ch, t);
+                break;
+            }
+            t->stalled = 0;
+            if (tx_new_frame(ch, l) != 0) {
+                break;
+            }
+            budget--;
+        }
+        if (!t->q_cur && t->retx_next == t->next_seq) {
+            t->stalled = 0;
+        }
+    }
+}
+
+/* Go back to the oldest unacked frame. */
+static void tx_goback(tb_channel_t *ch, tb_tx_lane_t *t)
+{
+    t->retx_next = t->una;
+    t->timer_start = ch->now;
+    t->last_goback_ns = ch->now;
+    t->last_goback_una = t->una;
+}
+
+/* ------------------------------------------------------------------ */
+/* Acks                                                                */
+
+static void tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
+{
+    while (ch_usable(ch) && t->q_head && t->q_head->frags_sent == t->q_head->frags_total
+           && t->q_head->frags_acked == t->q_head->frags_total) {
+        tb_send_req_t *req = t->q_head;
+        t->q_head = req->next;
+        if (!t->q_head) {
+            t->q_tail = NULL;
+        }
+        ch->pending--;
+        ch->cnt.msgs_sent++;
+        ch->cnt.bytes_sent += req->len;
+        if (ch->cb.send_done) {
+            ch->in_callback++;
+            ch->cb.send_done(ch->cb.ctx, req->cookie, TB_CHAN_OK);
+            ch->in_callback--;
+        }
+        req_free(req);
+    }
+}
+
+static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
+{
+    tb_tx_lane_t *t = &ch->tx[lane];
+
+    if (!tb_seq_lt(t->una, new_una)) {
+        return;
+    }
+    while (t->una != new_una) {
+        tb_tx_frame_t *f = &t->ring[t->una % t->window];
+        f->acked = 1;
+        if (f->req) {
+            f->req->frags_acked++;
+            f->req = NULL;
+        }
+        if (!f->posted) {
+            release_tx_frame(ch, f);
+        }
+        t->una++;
+    }
+    if (tb_seq_lt(t->retx_next, t->una)) {
+        t->retx_next = t->una;
+    }
+    t->rto = ch->p.rto_min_ns;
+    t->timer_start = ch->now;
+    t->ack_progress_ns = ch->now;
+    tx_complete_reqs(ch, t);
+}
+
+/* ------------------------------------------------------------------ */
+/* Reception                                                           */
+
+static void rx_drop(tb_channel_t *ch, uint64_t *counter, const char *what, unsigned lane)
+{
+    (*counter)++;
+    if (ch->last_warn_ns == 0 || ch->now - ch->last_warn_ns >= WARN_INTERVAL_NS) {
+        TB_WARN("channel to peer epoch %016llx: dropped a %s frame on lane %u (%llu similar "
+                "drops not reported)",
+                (unsigned long long) ch->peer_epoch, what, lane,
+                (unsigned long long) ch->warn_suppressed);
+        ch->last_warn_ns = ch->now ? ch->now : 1;
+        ch->warn_suppressed = 0;
+    } else {
+        ch->warn_suppressed++;
+    }
+}
+
+static int rx_repost(tb_channel_t *ch, unsigned lane, void *buf)
+{
+    int rc = ch->link->ops->post_recv(ch->link, lane, buf);
+    if (rc != 0) {
+        ch_fail(ch, TB_CHAN_ELINK, "posting a receive on lane %u failed (%d)", lane, rc);
+        return rc;
+    }
+    ch->rx[lane].posted++;
+    return 0;
+}
+
+static void rx_deliver(tb_channel_t *ch, uint8_t tag, const void *data, uint32_t len)
+{
+    ch->next_deliver++;
+    ch->cnt.msgs_received++;
+    ch->cnt.bytes_received += len;
+    ch->in_callback++;
+    ch->cb.recv(ch->cb.ctx, tag, data, len);
+    ch->in_callback--;
+}
+
+/* Deliver waiting messages whose turn has come. */
+static void rx_deliver_ready(tb_channel_t *ch)
+{
+    int progress = 1;
+
+    while (progress && ch_usable(ch)) {
+        progress = 0;
+        for (unsigned l = 0; l < ch->p.nlanes && ch_usable(ch); l++) {
+            tb_rx_lane_t *r = &ch->rx[l];
+            tb_rx_msg_t *m = r->wait_head;
+            if (!m || m->msg_id != ch->next_deliver) {
+                continue;
+            }
+            r->wait_head = m->next;
+            if (!r->wait_head) {
+                r->wait_tail = NULL;
+            }
+            rx_deliver(ch, m->tag, m->data, m->len);
+            if (m->slot) {
+                if (ch_usable(ch)) {
+                    rx_repost(ch, m->lane, m->slot);
+                }
+            } else if (!m->caller_buf) {
+                free(m->data);
+            }
+            free(m);
+            progress = 1;
+        }
+    }
+}
+
+static void rx_wait(tb_rx_lane_t *r, tb_rx_msg_t *m)
+{
+    m->next = NULL;
+    if (r->wait_tail) {
+        r->wait_tail->next = m;
+    } else {
+        r->wait_head = m;
+    }
+    r->wait_tail = m;
+}
+
+/* An in-sequence DATA frame.  Returns 1 if the slot is now held. */
+static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
+                   const tb_wire_frame_hdr_t *h)
+{
+    tb_rx_lane_t *r = &ch->rx[lane];
+    uint32_t seq = tb_wire_le32(h->seq);
+    uint32_t msg_id = tb_wire_le32(h->msg_id);
+    uint32_t msg_len = tb_wire_le32(h->msg_len);
+    uint32_t off = tb_wire_le32(h->frag_offset);
+    uint32_t plen = tb_wire_le32(h->payload_len);
+    unsigned char *payload = buf + TB_WIRE_HDR_SIZE;
+    tb_rx_msg_t *m = r->assembling;
+    int single;
+
+    if (tb_seq_lt(seq, r->expected)) {
+        ch->cnt.duplicates++;
+        ch->ack_now = 1; /* our ack was probably lost */
+        return 0;
+    }
+    if (seq != r->expected) {
+        ch->cnt.out_of_order++;
+        if (!r->nak_sent) {
+            r->nak_sent = 1;
+            r->nak_pending = 1;
+            ch->ack_now = 1;
+        }
+        return 0;
+    }
+
+    if (msg_len > ch->p.max_msg_size || (uint64_t) off + plen > msg_len) {
+        rx_drop(ch, &ch->cnt.malformed, "fragment beyond its message", lane);
+        return 0;
+    }
+    if (m) {
+        if (msg_id != m->msg_id || off != m->got || msg_len != m->len || h->tag != m->tag
+            || plen == 0) {
+            rx_drop(ch, &ch->cnt.malformed, "fragment out of place", lane);
+            return 0;
+        }
+    } else if (off != 0 || (plen == 0 && msg_len != 0)
+               || tb_seq_lt(msg_id, ch->next_deliver)
+               || (r->have_msg && !tb_seq_lt(r->last_msg_id, msg_id))) {
+        rx_drop(ch, &ch->cnt.malformed, "message start out of place", lane);
+        return 0;
+    }
+
+    single = !m && plen == msg_len;
+    if (!single && !m) {
+        m = calloc(1, sizeof(*m));
+        if (!m) {
+            return 0; /* not accepted: the retransmission may find memory */
+        }
+        if (ch->cb.recv_buf) {
+            m->data = ch->cb.recv_buf(ch->cb.ctx, h->tag, msg_len);
+            m->caller_buf = m->data != NULL;
+        }
+        if (!m->data && !(m->data = malloc(msg_len))) {
+            free(m);
+            return 0;
+        }
+        m->msg_id = msg_id;
+        m->len = msg_len;
+        m->tag = h->tag;
+        m->lane = (uint8_t) lane;
+    } else if (single && msg_id != ch->next_deliver) {
+        m = calloc(1, sizeof(*m));
+        if (!m) {
+            return 0;
+        }
+    }
+
+    r->expected++;
+    r->nak_sent = 0;
+    if (r->unacked++ == 0) {
+        r->ack_since = ch->now;
+    }
+    if (r->unacked >= r->ack_every) {
+        ch->ack_now = 1;
+    }
+
+    if (single) {
+        r->have_msg = 1;
+        r->last_msg_id = msg_id;
+        if (!m) {
+            rx_deliver(ch, h->tag, payload, plen);
+            rx_deliver_ready(ch);
+            return 0;
+        }
+        m->slot = buf;
+        m->data = payload;
+        m->msg_id = msg_id;
+        m->len = plen;
+        m->tag = h->tag;
+        m->lane = (uint8_t) lane;
+        rx_wait(r, m);
+        return 1;
+    }
+
+    if (!r->assembling) {
+        r->assembling = m;
+        r->have_msg = 1;
+        r->last_msg_id = msg_id;
+    }
+    memcpy(m->data + off, payload, plen);
+    m->got += plen;
+    if (m->got < m->len) {
+        return 0;
+    }
+    r->assembling = NULL;
+    rx_wait(r, m);
+    rx_deliver_ready(ch);
+    return 0;
+}
+
+/* Validate and process one received frame.  Returns 1 if the slot is held. */
+static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t len)
+{
+    const tb_wire_frame_hdr_t *h = (const tb_wire_frame_hdr_t *) buf;
+    uint32_t plen, tsn;
+    uint32_t new_una[TB_WIRE_MAX_LANES];
+
+    if (len < TB_WIRE_HDR_SIZE || len > ch->p.frame_size[lane]) {
+        rx_drop(ch, &ch->cnt.malformed, "short or oversized", lane);
+        return 0;
+    }
+    if (tb_wire_le32(h->magic) != TB_WIRE_FRAME_MAGIC || h->version != TB_WIRE_VERSION) {
+        rx_drop(ch, &ch->cnt.malformed, "bad magic or version", lane);
+        return 0;
+    }
+    if (tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4) != tb_wire_le32(h->hdr_crc)) {
+        rx_drop(ch, &ch->cnt.bad_checksum, "bad header checksum", lane);
+        return 0;
+    }
+    plen = tb_wire_le32(h->payload_len);
+    if (h->lane != lane || h->type < TB_FRAME_HELLO || h->type > TB_FRAME_CLOSE
+        || plen > len - TB_WIRE_HDR_SIZE || (h->type != TB_FRAME_DATA && plen != 0)) {
+        rx_drop(ch, &ch->cnt.malformed, "bad lane, type or length", lane);
+        return 0;
+    }
+    if ((h->flags & TB_FRAME_F_PAYLOAD_CRC)
+        && tb_crc32c(0, buf + TB_WIRE_HDR_SIZE, plen) != tb_wire_le32(h->payload_crc)) {
+        rx_drop(ch, &ch->cnt.bad_checksum, "bad payload checksum", lane);
+        return 0;
+    }
+    if (tb_wire_le64(h->dst_epoch) != ch->p.epoch) {
+        ch->cnt.stale++;
+        return 0;
+    }
+    if (tb_wire_le64(h->src_epoch) != ch->peer_epoch) {
+        if (h->type == TB_FRAME_HELLO) {
+            ch_fail(ch, TB_CHAN_ERESTARTED,
+                    "peer restarted (incarnation %016llx, expected %016llx)",
+                    (unsigned long long) tb_wire_le64(h->src_epoch),
+                    (unsigned long long) ch->peer_epoch);
+        } else {
+            ch->cnt.stale++;
+        }
+        return 0;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        new_una[l] = tb_wire_le32(h->ack[l]) + 1;
+        if (tb_seq_lt(ch->tx[l].next_seq, new_una[l])) {
+            rx_drop(ch, &ch->cnt.malformed, "ack beyond what was sent", lane);
+            return 0;
+        }
+    }
+
+    /* From here on the frame is trusted. */
+    tsn = tb_wire_le32(h->tsn);
+    if (tb_seq_lt(ch->rx[lane].h_tsn, tsn)) {
+        ch->rx[lane].h_tsn = tsn;
+    }
+    ch->last_rx_ns = ch->now;
+    if (ch->state == CH_CONNECTING) {
+        ch->state = CH_ESTABLISHED;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes && ch_usable(ch); l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        uint32_t lim = tb_wire_le32(h->credit[l]);
+        if (tb_seq_lt(t->peer_limit, lim)) {
+            t->peer_limit = lim;
+        }
+        tx_ack(ch, l, new_una[l]);
+        if (h->flags & (l == 0 ? TB_FRAME_F_NAK0 : TB_FRAME_F_NAK1)) {
+            ch->cnt.naks_received++;
+            if (t->una != t->next_seq
+                && (t->last_goback_una != t->una
+                    || ch->now - t->last_goback_ns >= ch->p.rto_min_ns)) {
+                tx_goback(ch, t);
+            }
+        }
+    }
+    if (!ch_usable(ch)) {
+        return 0;
+    }
+    if (h->flags & TB_FRAME_F_ACK_REQ) {
+        ch->ack_now = 1;
+    }
+    switch (h->type) {
+    case TB_FRAME_HELLO:
+        ch->ack_now = 1;
+        return 0;
+    case TB_FRAME_DATA:
+        return rx_data(ch, lane, buf, h);
+    case TB_FRAME_CLOSE:
+        ch_fail(ch, TB_CHAN_ECLOSED, "peer closed the channel");
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+void tb_channel_recv_done(tb_channel_t *ch, unsigned lane, void *buf, size_t len, int status)
+{
+    if (lane >= ch->p.nlanes) {
+        TB_ERROR("link reported a receive on lane %u; the channel has %u", lane, ch->p.nlanes);
+        return;
+    }
+    ch->rx[lane].posted--;
+    ch->cnt.frames_received++;
+    if (status != 0) {
+        ch_fail(ch, TB_CHAN_ELINK, "receive completion error %d on lane %u", status, lane);
+        return;
+    }
+    if (!ch_usable(ch)) {
+        return;
+    }
+    if (rx_frame(ch, lane, buf, len) == 0 && ch_usable(ch)) {
+        rx_repost(ch, lane, buf);
+    }
+}
+
+void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)
+{
+    tb_tx_frame_t *f = cookie;
+
+    f->posted = 0;
+    if (status != 0) {
+        ch_fail(ch, TB_CHAN_ELINK, "send completion error %d on lane %u", status, f->lane);
+    }
+    if (f->is_ctrl || f->acked || !ch_usable(ch)) {
+        release_tx_frame(ch, f);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Timers                                                              */
+
+static int credit_update_due(tb_channel_t *ch)
+{
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_rx_lane_t *r = &ch->rx[l];
+        uint32_t lim = r->h_tsn + r->posted;
+        int32_t gain = tb_seq_diff(lim, r->adv_limit);
+        int32_t left = tb_seq_diff(r->adv_limit, r->h_tsn);
+        if (gain > 0
+            && (gain >= (int32_t) ch->p.recv_depth[l] / 2
+                || left <= (int32_t) ch->p.recv_depth[l] / 4)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void progress_timers(tb_channel_t *ch)
+{
+    uint64_t now = ch->now;
+    const tb_channel_params_t *p = &ch->p;
+
+    if (ch->state == CH_CONNECTING) {
+        if (now - ch->connect_ns >= p->peer_timeout_ns) {
+            ch_fail(ch, TB_CHAN_EPEERDEAD, "peer did not answer within %llu ms of connecting",
+                    (unsigned long long) (p->peer_timeout_ns / 1000000));
+            return;
+        }
+        if (now - ch->last_hello_ns >= ch->hello_ivl && tx_ctrl(ch, TB_FRAME_HELLO,
+                                                                TB_FRAME_F_ACK_REQ) == 0) {
+            ch->last_hello_ns = now;
+            ch->hello_ivl = ch->hello_ivl * 2 > p->rto_max_ns ? p->rto_max_ns
+                                                               : ch->hello_ivl * 2;
+        }
+        return;
+    }
+    if (now - ch->last_rx_ns >= p->peer_timeout_ns) {
+        ch_fail(ch, TB_CHAN_EPEERDEAD, "no frame from the peer for %llu ms",
+                (unsigned long long) ((now - ch->last_rx_ns) / 1000000));
+        return;
+    }
+    for (unsigned l = 0; l < p->nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        if (t->una == t->next_seq) {
+            continue;
+        }
+        if (now - t->ack_progress_ns >= p->peer_timeout_ns) {
+            ch_fail(ch, TB_CHAN_EPEERDEAD, "the peer acknowledged nothing on lane %u for %llu ms",
+                    l, (unsigned long long) ((now - t->ack_progress_ns) / 1000000));
+            return;
+        }
+        if (now - t->timer_start >= t->rto) {
+            ch->cnt.timeouts++;
+            tx_goback(ch, t);
+            t->rto = t->rto * 2 > p->rto_max_ns ? p->rto_max_ns : t->rto * 2;
+        }
+    }
+}
+
+static void progress_ctrl(tb_channel_t *ch)
+{
+    uint64_t now = ch->now;
+    int need = ch->ack_now || credit_update_due(ch);
+    uint8_t flags = 0;
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        tb_rx_lane_t *r = &ch->rx[l];
+        if (r->nak_pending || (r->unacked > 0 && now - r->ack_since >= ch->p.ack_delay_ns)) {
+            need = 1;
+        }
+        /* Data is waiting for credit: ask the peer to restate its limit, in
+         * case the update that would have freed us was lost. */
+        if (t->stalled && now - t->stall_since >= ch->p.rto_min_ns
+            && now - t->last_probe_ns >= t->rto) {
+            t->last_probe_ns = now;
+            flags |= TB_FRAME_F_ACK_REQ;
+            need = 1;
+        }
+    }
+    if (!need && now - ch->last_tx_ns >= ch->p.keepalive_ns) {
+        flags |= TB_FRAME_F_KEEPALIVE;
+        need = 1;
+    }
+    if (need) {
+        tx_ctrl(ch, TB_FRAME_ACK, flags);
+    }
+}
+
+void tb_channel_progress(tb_channel_t *ch, uint64_t now)
+{
+    ch->now = now;
+    if (!ch_usable(ch)) {
+        return;
+    }
+    progress_timers(ch);
+    if (ch->state != CH_ESTABLISHED) {
+        return;
+    }
+    tx_push(ch);
+    if (ch->state == CH_ESTABLISHED) {
+        progress_ctrl(ch);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Public calls                                                        */
+
+int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
+                      const tb_channel_callbacks_t *cb, tb_channel_t **out)
+{
+    char why[200];
+    tb_channel_t *ch;
+
+    if (tb_channel_params_check(params, why, sizeof(why)) != 0) {
+        TB_ERROR("reliable channel: %s", why);
+        return TB_CHAN_EINVAL;
+    }
+    if (!link || !cb || !cb->recv || (cb->recv_buf && !cb->recv_buf_drop)) {
+        TB_ERROR("reliable channel: a link and the recv callback are required (and "
+                 "recv_buf_drop with recv_buf)");
+        return TB_CHAN_EINVAL;
+    }
+    ch = calloc(1, sizeof(*ch));
+    if (!ch) {
+        return TB_CHAN_ENOMEM;
+    }
+    ch->p = *params;
+    ch->link = link;
+    ch->cb = *cb;
+    ch->state = CH_IDLE;
+    ch->next_msg_id = ch->p.initial_seq[0];
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        tb_rx_lane_t *r = &ch->rx[l];
+        uint32_t frames = ch->p.frame_size[l] / TB_WIRE_HW_FRAME;
+
+        t->window = ch->p.send_window[l];
+        t->ring = calloc(t->window, sizeof(*t->ring));
+        r->bufs = calloc(ch->p.recv_depth[l], sizeof(*r->bufs));
+        if (!t->ring || !r->bufs) {
+            goto fail;
+        }
+        for (unsigned i = 0; i < t->window; i++) {
+            t->ring[i].lane = (uint8_t) l;
+        }
+        t->frag_cap = ch->p.frame_size[l] - TB_WIRE_HDR_SIZE;
+        t->post_min = (frames - 1) * TB_WIRE_HW_FRAME + 1;
+        t->una = t->next_seq = t->retx_next = ch->p.initial_seq[l];
+        t->next_tsn = ch->p.initial_seq[l];
+        t->peer_limit = ch->p.initial_seq[l] - 1;
+        t->rto = ch->p.rto_min_ns;
+        r->ack_every = ch->p.recv_depth[l] / 4 ? ch->p.recv_depth[l] / 4 : 1;
+    }
+    for (unsigned i = 0; i < CTRL_FRAMES; i++) {
+        ch->ctrl[i].is_ctrl = 1;
+        ch->ctrl[i].next_free = ch->ctrl_free;
+        ch->ctrl_free = &ch->ctrl[i];
+    }
+    *out = ch;
+    return TB_CHAN_OK;
+
+fail:
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        free(ch->tx[l].ring);
+        free(ch->rx[l].bufs);
+    }
+    free(ch);
+    return TB_CHAN_ENOMEM;
+}
+
+void tb_channel_destroy(tb_channel_t *ch)
+{
+    if (!ch) {
+        return;
+    }
+    if (ch_usable(ch) || ch->state == CH_IDLE) {
+        ch->state = CH_CLOSED;
+        ch->status = TB_CHAN_ECANCELED;
+        cancel_all(ch, TB_CHAN_ECANCELED);
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        tb_rx_lane_t *r = &ch->rx[l];
+        for (unsigned i = 0; i < t->window; i++) {
+            if (t->ring[i].buf) {
+                ch->link->ops->send_buf_put(ch->link, l, t->ring[i].buf);
+            }
+        }
+        for (unsigned i = 0; i < r->nbufs; i++) {
+            ch->link->ops->recv_buf_put(ch->link, l, r->bufs[i]);
+        }
+        free(t->ring);
+        free(r->bufs);
+    }
+    for (unsigned i = 0; i < CTRL_FRAMES; i++) {
+        if (ch->ctrl[i].buf) {
+            ch->link->ops->send_buf_put(ch->link, 0, ch->ctrl[i].buf);
+        }
+    }
+    free(ch);
+}
+
+void tb_channel_local_addr(tb_channel_t *ch, tb_wire_addr_t *addr)
+{
+    memset(addr, 0, sizeof(*addr));
+    addr->magic = tb_wire_le32(TB_WIRE_ADDR_MAGIC);
+    addr->version = TB_WIRE_VERSION;
+    addr->nlanes = (uint8_t) ch->p.nlanes;
+    addr->epoch = tb_wire_le64(ch->p.epoch);
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        addr->psn[l] = tb_wire_le32(ch->p.initial_seq[l]);
+        addr->frame_size[l] = tb_wire_le32(ch->p.frame_size[l]);
+        addr->recv_depth[l] = tb_wire_le16((uint16_t) ch->p.recv_depth[l]);
+    }
+    ch->link->ops->local_addr(ch->link, addr);
+    addr->crc = tb_wire_le32(tb_crc32c(0, addr, TB_WIRE_ADDR_SIZE - 4));
+}
+
+int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t now)
+{
+    int rc;
+
+    if (ch->state != CH_IDLE) {
+        return TB_CHAN_ESTATE;
+    }
+    if (tb_wire_le32(peer->magic) != TB_WIRE_ADDR_MAGIC || peer->version != TB_WIRE_VERSION
+        || tb_crc32c(0, peer, TB_WIRE_ADDR_SIZE - 4) != tb_wire_le32(peer->crc)) {
+        TB_ERROR("reliable channel: the peer's address is corrupt or of another version "
+                 "(version %u, this is %u)", peer->version, TB_WIRE_VERSION);
+        return TB_CHAN_EPROTO;
+    }
+    if (peer->nlanes != ch->p.nlanes || peer->epoch == 0) {
+        TB_ERROR("reliable channel: the peer uses %u lanes, this side %u; set the same lane "
+                 "count on every node", peer->nlanes, ch->p.nlanes);
+        return TB_CHAN_EPROTO;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        if (tb_wire_le32(peer->frame_size[l]) != ch->p.frame_size[l]) {
+            TB_ERROR("reliable channel: the peer's lane %u frame size is %u, this side's %u; "
+                     "set the same frame sizes on every node", l,
+                     tb_wire_le32(peer->frame_size[l]), ch->p.frame_size[l]);
+            return TB_CHAN_EPROTO;
+        }
+    }
+    rc = ch->link->ops->connect(ch->link, peer);
+    if (rc != 0) {
+        TB_ERROR("reliable channel: connecting the link failed (%d)", rc);
+        return TB_CHAN_ELINK;
+    }
+    ch->peer_epoch = tb_wire_le64(peer->epoch);
+    ch->next_deliver = tb_wire_le32(peer->psn[0]);
+    ch->now = now;
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_rx_lane_t *r = &ch->rx[l];
+        uint32_t psn = tb_wire_le32(peer->psn[l]);
+        r->expected = psn;
+        r->h_tsn = psn - 1;
+        r->adv_limit = psn - 1;
+    }
+    ch->state = CH_CONNECTING;
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_rx_lane_t *r = &ch->rx[l];
+        while (r->nbufs < ch->p.recv_depth[l]) {
+            void *buf = ch->link->ops->recv_buf_get(ch->link, l);
+            if (!buf) {
+                ch_fail(ch, TB_CHAN_ENOMEM, "the link has fewer than %u receive buffers on "
+                        "lane %u", ch->p.recv_depth[l], l);
+                return TB_CHAN_ENOMEM;
+            }
+            r->bufs[r->nbufs++] = buf;
+            if (rx_repost(ch, l, buf) != 0) {
+                return TB_CHAN_ELINK;
+            }
+        }
+    }
+    ch->connect_ns = now;
+    ch->last_rx_ns = now;
+    ch->last_hello_ns = now;
+    ch->hello_ivl = ch->p.rto_min_ns;
+    if (tx_ctrl(ch, TB_FRAME_HELLO, TB_FRAME_F_ACK_REQ) != 0 && !ch_usable(ch)) {
+        return ch->status;
+    }
+    return TB_CHAN_OK;
+}
+
+int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int iovcnt,
+                     void *cookie)
+{
+    tb_send_req_t *req;
+    uint64_t len = 0;
+    unsigned lane = 0;
+
+    if (ch->state == CH_FAILED || ch->state == CH_CLOSED) {
+        return ch->status;
+    }
+    if (iovcnt < 0 || (iovcnt > 0 && !iov)) {
+        return TB_CHAN_EINVAL;
+    }
+    for (int i = 0; i < iovcnt; i++) {
+        len += iov[i].iov_len;
+    }
+    if (len > ch->p.max_msg_size) {
+        return TB_CHAN_EMSGSIZE;
+    }
+    req = calloc(1, sizeof(*req));
+    if (!req) {
+        return TB_CHAN_ENOMEM;
+    }
+    if (iovcnt <= 1) {
+        req->iov = &req->iov_one;
+        if (iovcnt == 1) {
+            req->iov_one = iov[0];
+        }
+    } else {
+        req->iov = malloc((size_t) iovcnt * sizeof(*iov));
+        if (!req->iov) {
+            free(req);
+            return TB_CHAN_ENOMEM;
+        }
+        memcpy(req->iov, iov, (size_t) iovcnt * sizeof(*iov));
+    }
+    /* Bulk frames are padded to the full frame count, so the bulk lane pays
+     * off only for messages of a good fraction of a bulk frame. */
+    if (ch->p.nlanes > 1 && len > ch->tx[0].frag_cap && len >= ch->p.frame_size[1] / 4) {
+        lane = 1;
+    }
+    req->cookie = cookie;
+    req->tag = tag;
+    req->len = (uint32_t) len;
+    req->iovcnt = iovcnt;
+    req->msg_id = ch->next_msg_id++;
+    req->frags_total = len == 0 ? 1
+                                : (uint32_t) ((len + ch->tx[lane].frag_cap - 1)
+                                              / ch->tx[lane].frag_cap);
+    {
+        tb_tx_lane_t *t = &ch->tx[lane];
+        if (t->q_tail) {
+            t->q_tail->next = req;
+        } else {
+            t->q_head = req;
+        }
+        t->q_tail = req;
+        if (!t->q_cur) {
+            t->q_cur = req;
+        }
+    }
+    ch->pending++;
+    if (!ch->in_callback) {
+        tx_push(ch);
+    }
+    return TB_CHAN_OK;
+}
+
+int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, void *cookie)
+{
+    struct iovec iov = {.iov_base = (void *) buf, .iov_len = len};
+    return tb_channel_sendv(ch, tag, &iov, 1, cookie);
+}
+
+void tb_channel_close(tb_channel_t *ch)
+{
+    if (!ch_usable(ch)) {
+        return;
+    }
+    if (ch->state == CH_ESTABLISHED) {
+        tx_ctrl(ch, TB_FRAME_CLOSE, 0);
+    }
+    if (ch_usable(ch)) {
+        ch->state = CH_CLOSED;
+        ch->status = TB_CHAN_ECANCELED;
+        cancel_all(ch, TB_CHAN_ECANCELED);
+    }
+}
+
+int tb_channel_is_connected(const tb_channel_t *ch)
+{
+    return ch->state == CH_ESTABLISHED;
+}
+
+int tb_channel_status(const tb_channel_t *ch)
+{
+    return ch->status;
+}
+
+size_t tb_channel_pending_sends(const tb_channel_t *ch)
+{
+    return ch->pending;
+}
+
+const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch)
+{
+    return &ch->cnt;
+}

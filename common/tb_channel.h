@@ -1,0 +1,163 @@
+/*
+ * tbrdma common layer: the reliable channel.
+ *
+ * A channel turns one link (a UC connection with one or two lanes: no
+ * acknowledgement, silent loss, a send lost when no receive waits for it) into
+ * a reliable, ordered, flow-controlled message pipe to one peer:
+ *  - messages are fragmented into frames of their lane's size and delivered
+ *    once, in send order across both lanes, intact;
+ *  - credits: no frame is sent unless the peer has advertised a receive for it;
+ *  - cumulative acks, go-back-N retransmission on timeout (exponential
+ *    backoff) or on a NAK, duplicate suppression;
+ *  - CRC32C on every header (and payloads, unless switched off);
+ *  - keepalives, peer-death and peer-restart detection.
+ *
+ * Not thread safe: the caller serialises all calls on one channel.  Time is
+ * whatever the caller passes to tb_channel_progress() (ns, monotonic).
+ * Callbacks may call tb_channel_send*() (the frames then go out at the next
+ * progress call) and tb_channel_close(), never tb_channel_destroy().
+ */
+#ifndef TB_CHANNEL_H
+#define TB_CHANNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "tb_link.h"
+#include "tb_wire.h"
+
+/* Status codes: 0 or negative. */
+enum {
+    TB_CHAN_OK = 0,
+    TB_CHAN_EINVAL = -1,    /* bad parameter or argument */
+    TB_CHAN_ENOMEM = -2,    /* out of memory or out of link buffers at setup */
+    TB_CHAN_EMSGSIZE = -3,  /* message larger than max_msg_size */
+    TB_CHAN_EPROTO = -4,    /* incompatible or corrupt peer address blob */
+    TB_CHAN_ESTATE = -5,    /* call not valid in the channel's state */
+    TB_CHAN_EPEERDEAD = -6, /* the peer stopped answering within peer_timeout */
+    TB_CHAN_ERESTARTED = -7, /* the peer is a new incarnation */
+    TB_CHAN_ECLOSED = -8,   /* the peer closed the channel */
+    TB_CHAN_ECANCELED = -9, /* closed or destroyed locally before completion */
+    TB_CHAN_ELINK = -10,    /* the link failed to post or reported an error */
+};
+
+const char *tb_channel_strerror(int status);
+
+typedef struct tb_channel tb_channel_t;
+
+typedef struct tb_channel_params {
+    unsigned nlanes;                             /* 1 or 2 */
+    uint32_t frame_size[TB_WIRE_MAX_LANES];      /* multiple of 4096, <= 16773120 */
+    unsigned recv_depth[TB_WIRE_MAX_LANES];      /* receives posted per lane */
+    unsigned recv_depth_max;                     /* hard cap per QP (hardware: 32) */
+    unsigned send_window[TB_WIRE_MAX_LANES];     /* unacked data frames per lane */
+    uint64_t epoch;                              /* this incarnation; random, non-zero */
+    uint32_t initial_seq[TB_WIRE_MAX_LANES];     /* first tsn/seq per lane (random) */
+    int payload_crc;                             /* also checksum payloads */
+    uint32_t max_msg_size;                       /* largest message accepted or sent */
+    uint64_t ack_delay_ns;                       /* coalesce acks for at most this */
+    uint64_t rto_min_ns;                         /* first retransmit timeout */
+    uint64_t rto_max_ns;                         /* backoff bound */
+    uint64_t keepalive_ns;                       /* idle time before a keepalive */
+    uint64_t peer_timeout_ns;                    /* silence before the peer is dead */
+    unsigned max_frames_per_progress;            /* bound on posts per progress call */
+} tb_channel_params_t;
+
+/* Defaults: 2 lanes (4 KiB and 64 KiB), depth 32, window 32, payload CRC on,
+ * 64 MiB messages, ack delay 20 us, RTO 1 ms..128 ms, keepalive 100 ms, peer
+ * timeout 5 s, 64 frames per progress.  epoch and initial_seq are left 0:
+ * the caller must set a random, non-zero epoch. */
+void tb_channel_params_default(tb_channel_params_t *params);
+
+/* 0 if params are usable, else TB_CHAN_EINVAL with a sentence naming the
+ * violated limit in why (if why is not NULL). */
+int tb_channel_params_check(const tb_channel_params_t *params, char *why, size_t why_len);
+
+typedef struct tb_channel_callbacks {
+    void *ctx;
+    /* A whole message, in order.  data is valid only during the call unless
+     * it is a buffer the caller supplied through recv_buf. */
+    void (*recv)(void *ctx, uint8_t tag, const void *data, size_t len);
+    /* Optional: a message of len bytes (more than one frame) begins; return
+     * where to assemble it (len bytes, the caller's memory) or NULL to let
+     * the channel allocate.  Lets large messages take one copy in total. */
+    void *(*recv_buf)(void *ctx, uint8_t tag, size_t len);
+    /* Required with recv_buf: a buffer from recv_buf will not be delivered
+     * (channel failed or destroyed); the caller may reuse it. */
+    void (*recv_buf_drop)(void *ctx, void *buf);
+    /* A send finished: TB_CHAN_OK once the peer acknowledged every byte, or
+     * the error that ended the channel. */
+    void (*send_done)(void *ctx, void *cookie, int status);
+    /* The channel failed (status, and a sentence for the user); called once.
+     * Pending sends then complete with status; later sends fail at once. */
+    void (*error)(void *ctx, int status, const char *why);
+} tb_channel_callbacks_t;
+
+typedef struct tb_channel_counters {
+    uint64_t frames_sent;      /* every post, retransmissions included */
+    uint64_t frames_received;  /* every receive completion */
+    uint64_t data_frames_sent; /* first transmissions of data frames */
+    uint64_t ctrl_frames_sent; /* HELLO, ACK, keepalive, CLOSE */
+    uint64_t retransmits;
+    uint64_t timeouts;         /* retransmit timer expiries */
+    uint64_t naks_sent;
+    uint64_t naks_received;
+    uint64_t keepalives_sent;
+    uint64_t duplicates;       /* data frames already received */
+    uint64_t out_of_order;     /* data frames after a gap, dropped */
+    uint64_t bad_checksum;
+    uint64_t malformed;        /* bad magic/version/type/lane/length/offset */
+    uint64_t stale;            /* frames of another incarnation */
+    uint64_t credit_stalls;    /* times data waited for peer credit */
+    uint64_t msgs_sent;        /* sends completed OK */
+    uint64_t msgs_received;    /* messages delivered */
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+} tb_channel_counters_t;
+
+/* Create a channel over link (which must outlive it).  On TB_CHAN_EINVAL the
+ * reason is logged. */
+int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
+                      const tb_channel_callbacks_t *cb, tb_channel_t **out);
+
+/* Return every buffer held to the link and free the channel.  Pending sends
+ * complete with TB_CHAN_ECANCELED.  Call only when the link will report no
+ * more completions for this channel (verbs: after its QPs are destroyed). */
+void tb_channel_destroy(tb_channel_t *ch);
+
+/* The local address blob to send to the peer. */
+void tb_channel_local_addr(tb_channel_t *ch, tb_wire_addr_t *addr);
+
+/* Connect to the peer's blob at time now: connects the link, posts the
+ * receives and starts the HELLO exchange.  Sends may be queued before. */
+int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t now);
+
+/* Queue a message (0..max_msg_size bytes) with an 8-bit tag.  The caller's
+ * memory must stay valid until send_done(cookie): fragments are copied into
+ * link slots as credits allow.  Returns 0, or an error without a callback
+ * (TB_CHAN_EMSGSIZE, TB_CHAN_ENOMEM, or the channel's failure status). */
+int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, void *cookie);
+int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int iovcnt,
+                     void *cookie);
+
+/* Close: tell the peer (best effort) and cancel pending sends. */
+void tb_channel_close(tb_channel_t *ch);
+
+/* Link completions (from the caller's poll of the link). */
+void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status);
+void tb_channel_recv_done(tb_channel_t *ch, unsigned lane, void *buf, size_t len, int status);
+
+/* Timers, retransmissions, acks, credits, queued sends.  Bounded work, never
+ * blocks.  Call after reporting a batch of completions and periodically. */
+void tb_channel_progress(tb_channel_t *ch, uint64_t now);
+
+/* 1 once the peer has answered the HELLO exchange. */
+int tb_channel_is_connected(const tb_channel_t *ch);
+/* 0 while usable, else the status that ended it. */
+int tb_channel_status(const tb_channel_t *ch);
+/* Sends not yet acknowledged. */
+size_t tb_channel_pending_sends(const tb_channel_t *ch);
+const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch);
+
+#endif /* TB_CHANNEL_H */

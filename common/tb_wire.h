@@ -1,0 +1,143 @@
+/*
+ * tbrdma wire formats: the reliable-channel frame header and the connection
+ * address blob exchanged out of band (modex, or a socket in tests).
+ *
+ * Byte order is explicitly little-endian.  Every host that has RDMA over
+ * Thunderbolt (Apple Silicon) and every test host (x86-64, arm64) is
+ * little-endian, so the conversions below compile to nothing on the hot path
+ * while the format stays defined for any host.
+ *
+ * Any change to a layout below must bump its version.
+ */
+#ifndef TB_WIRE_H
+#define TB_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TB_WIRE_FRAME_MAGIC 0x43524254u /* "TBRC" in little-endian byte order */
+#define TB_WIRE_ADDR_MAGIC 0x41524254u  /* "TBRA" */
+#define TB_WIRE_VERSION 1
+
+/* Apple's hardware moves data in 4 KiB frames; a send must land in a receive
+ * posted with the same number of frames, and one message is at most this. */
+#define TB_WIRE_HW_FRAME 4096u
+#define TB_WIRE_HW_MAX_MSG 16773120u
+
+/* Lane 0 carries small frames (latency, all control traffic); lane 1, when
+ * configured, carries bulk frames. */
+#define TB_WIRE_MAX_LANES 2
+
+typedef enum {
+    TB_FRAME_HELLO = 1, /* first frames of a connection; carries the incarnation */
+    TB_FRAME_DATA = 2,  /* one fragment of a message */
+    TB_FRAME_ACK = 3,   /* acks and credits only; also the keepalive */
+    TB_FRAME_CLOSE = 4, /* the sender is closing the channel */
+} tb_frame_type_t;
+
+enum {
+    TB_FRAME_F_ACK_REQ = 0x01,     /* answer with an ACK frame at once */
+    TB_FRAME_F_NAK0 = 0x02,        /* gap seen on lane 0: go back to ack[0] + 1 now */
+    TB_FRAME_F_NAK1 = 0x04,        /* same for lane 1 */
+    TB_FRAME_F_PAYLOAD_CRC = 0x08, /* payload_crc is valid and must be checked */
+    TB_FRAME_F_RETX = 0x10,        /* a retransmission (diagnostics only) */
+    TB_FRAME_F_KEEPALIVE = 0x20,   /* sent because the link was idle */
+};
+
+/*
+ * Every frame starts with this header; the payload follows it directly.
+ *
+ * tsn counts transmissions on the frame's lane (every frame, retransmissions
+ * included, takes the next tsn); credit[l] is an absolute tsn limit: the
+ * receiver has posted receives for every transmission up to and including it.
+ * Absolute limits make lost or duplicated credit updates heal by themselves.
+ * seq numbers DATA frames on their lane (a retransmission keeps its seq);
+ * ack[l] is the last seq received in order on lane l.  All sequence numbers
+ * are compared modulo 2^32.
+ */
+typedef struct __attribute__((packed)) tb_wire_frame_hdr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t type;  /* tb_frame_type_t */
+    uint8_t lane;  /* the lane the frame was posted on */
+    uint8_t flags; /* TB_FRAME_F_* */
+    uint64_t src_epoch; /* sender's incarnation */
+    uint64_t dst_epoch; /* the receiver's incarnation as the sender knows it */
+    uint32_t tsn;
+    uint32_t seq;
+    uint32_t ack[TB_WIRE_MAX_LANES];
+    uint32_t credit[TB_WIRE_MAX_LANES];
+    uint32_t msg_id;      /* channel-wide message number: delivery order */
+    uint32_t msg_len;     /* total message length */
+    uint32_t frag_offset; /* offset of this payload in the message */
+    uint32_t payload_len; /* payload bytes in this frame */
+    uint8_t tag;          /* user tag */
+    uint8_t reserved[7];  /* zero */
+    uint32_t payload_crc; /* CRC32C of the payload (TB_FRAME_F_PAYLOAD_CRC) */
+    uint32_t hdr_crc;     /* CRC32C of all the bytes above; always checked */
+} tb_wire_frame_hdr_t;
+
+#define TB_WIRE_HDR_SIZE 80u
+_Static_assert(sizeof(tb_wire_frame_hdr_t) == TB_WIRE_HDR_SIZE, "frame header layout");
+_Static_assert(offsetof(tb_wire_frame_hdr_t, tsn) == 24, "frame header layout");
+_Static_assert(offsetof(tb_wire_frame_hdr_t, tag) == 64, "frame header layout");
+_Static_assert(offsetof(tb_wire_frame_hdr_t, hdr_crc) == TB_WIRE_HDR_SIZE - 4,
+               "hdr_crc must be last: it covers everything before it");
+
+/*
+ * Connection address blob.  The channel fills the protocol fields, the link
+ * fills gid, qpn and mtu; crc covers all bytes before it.
+ */
+typedef struct __attribute__((packed)) tb_wire_addr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t nlanes;
+    uint16_t mtu;       /* path MTU in bytes */
+    uint64_t epoch;     /* random per channel incarnation, never 0 */
+    uint8_t gid[16];
+    uint32_t qpn[TB_WIRE_MAX_LANES];
+    uint32_t psn[TB_WIRE_MAX_LANES];        /* first tsn and seq per lane */
+    uint32_t frame_size[TB_WIRE_MAX_LANES]; /* bytes per receive buffer */
+    uint16_t recv_depth[TB_WIRE_MAX_LANES];
+    uint32_t crc;
+} tb_wire_addr_t;
+
+#define TB_WIRE_ADDR_SIZE 64u
+_Static_assert(sizeof(tb_wire_addr_t) == TB_WIRE_ADDR_SIZE, "address blob layout");
+_Static_assert(offsetof(tb_wire_addr_t, crc) == TB_WIRE_ADDR_SIZE - 4, "crc must be last");
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint16_t tb_wire_le16(uint16_t v) { return v; }
+static inline uint32_t tb_wire_le32(uint32_t v) { return v; }
+static inline uint64_t tb_wire_le64(uint64_t v) { return v; }
+#elif defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+static inline uint16_t tb_wire_le16(uint16_t v) { return __builtin_bswap16(v); }
+static inline uint32_t tb_wire_le32(uint32_t v) { return __builtin_bswap32(v); }
+static inline uint64_t tb_wire_le64(uint64_t v) { return __builtin_bswap64(v); }
+#else
+#error "tb_wire.h: cannot tell the host byte order"
+#endif
+
+/* Number of 4 KiB hardware frames a transfer of len bytes occupies (0 B is 1). */
+static inline uint32_t tb_wire_hw_frames(size_t len)
+{
+    return len == 0 ? 1u : (uint32_t) ((len + TB_WIRE_HW_FRAME - 1) / TB_WIRE_HW_FRAME);
+}
+
+/* Serial-number arithmetic (RFC 1982 style) for 32-bit sequence numbers. */
+static inline int32_t tb_seq_diff(uint32_t a, uint32_t b)
+{
+    return (int32_t) (a - b);
+}
+
+static inline int tb_seq_lt(uint32_t a, uint32_t b)
+{
+    return tb_seq_diff(a, b) < 0;
+}
+
+static inline int tb_seq_le(uint32_t a, uint32_t b)
+{
+    return tb_seq_diff(a, b) <= 0;
+}
+
+#endif /* TB_WIRE_H */

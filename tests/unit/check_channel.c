@@ -1,0 +1,1027 @@
+/*
+ * Unit tests of the reliable channel over the lossy in-process link.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb_channel.h"
+#include "tb_crc32c.h"
+#include "tb_log.h"
+#include "tb_lossy_link.h"
+#include "tb_wire.h"
+
+#define SRC_SIZE (16u << 20)
+#define MAX_MSGS 100000
+#define MS 1000000ull
+
+static unsigned char *src; /* random bytes every message is cut from */
+
+/* One direction of traffic: what was sent, what arrived. */
+typedef struct flow {
+    uint32_t lens[MAX_MSGS];
+    uint32_t offs[MAX_MSGS];
+    uint8_t tags[MAX_MSGS];
+    unsigned nsent;
+    unsigned nrecv;
+    unsigned bad; /* deliveries that did not match */
+} flow_t;
+
+typedef struct peer {
+    tb_channel_t *ch;
+    flow_t *in;  /* traffic this peer receives */
+    unsigned send_ok;
+    unsigned send_err;
+    int last_send_status;
+    unsigned errors;
+    int error_status;
+    uint64_t error_ns;
+    unsigned bufs_given;
+    unsigned bufs_dropped;
+    unsigned bufs_out;
+    void *given[64]; /* caller buffers handed out, not yet returned */
+    int use_recv_buf;
+    struct pair *pair;
+} peer_t;
+
+typedef struct pair {
+    tb_lossy_net_t *net;
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t params[2];
+    peer_t p[2];
+    flow_t flow[2]; /* flow[i]: messages received by side i */
+    uint64_t now;
+} pair_t;
+
+static void log_quiet(tb_log_level_t level, const char *msg, void *ctx)
+{
+    (void) level;
+    (void) msg;
+    (void) ctx;
+}
+
+static void fill_src(void)
+{
+    uint64_t x = 0x1234567;
+    if (src) {
+        return;
+    }
+    src = malloc(SRC_SIZE);
+    ck_assert_ptr_nonnull(src);
+    for (size_t i = 0; i < SRC_SIZE; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (unsigned char) (x >> 33);
+    }
+}
+
+static void on_recv(void *ctx, uint8_t tag, const void *data, size_t len)
+{
+    peer_t *pe = ctx;
+    flow_t *f = pe->in;
+    unsigned i = f->nrecv++;
+
+    if (i >= f->nsent || f->lens[i] != len || f->tags[i] != tag
+        || (len && memcmp(data, src + f->offs[i], len) != 0)) {
+        f->bad++;
+    }
+    for (unsigned k = 0; k < pe->bufs_out; k++) {
+        if (pe->given[k] == data) {
+            pe->given[k] = pe->given[--pe->bufs_out];
+            free((void *) data); /* a buffer from on_recv_buf: ours again */
+            break;
+        }
+    }
+}
+
+static void *on_recv_buf(void *ctx, uint8_t tag, size_t len)
+{
+    peer_t *pe = ctx;
+    (void) tag;
+    if (!pe->use_recv_buf) {
+        return NULL;
+    }
+    ck_assert_uint_lt(pe->bufs_out, 64);
+    pe->bufs_given++;
+    return pe->given[pe->bufs_out++] = malloc(len);
+}
+
+static void on_recv_buf_drop(void *ctx, void *buf)
+{
+    peer_t *pe = ctx;
+    pe->bufs_dropped++;
+    for (unsigned k = 0; k < pe->bufs_out; k++) {
+        if (pe->given[k] == buf) {
+            pe->given[k] = pe->given[--pe->bufs_out];
+            free(buf);
+            return;
+        }
+    }
+    ck_abort_msg("recv_buf_drop of a buffer never given");
+}
+
+static void on_send_done(void *ctx, void *cookie, int status)
+{
+    peer_t *pe = ctx;
+    (void) cookie;
+    if (status == TB_CHAN_OK) {
+        pe->send_ok++;
+    } else {
+        pe->send_err++;
+    }
+    pe->last_send_status = status;
+}
+
+static void on_error(void *ctx, int status, const char *why)
+{
+    peer_t *pe = ctx;
+    (void) why;
+    pe->errors++;
+    pe->error_status = status;
+    pe->error_ns = pe->pair->now;
+}
+
+static pair_t *pair_new(const tb_lossy_cfg_t *cfg, const tb_channel_params_t *params)
+{
+    pair_t *pr = calloc(1, sizeof(*pr));
+
+    fill_src();
+    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
+    ck_assert_ptr_nonnull(pr);
+    pr->cfg = *cfg;
+    pr->net = tb_lossy_net_create(cfg);
+    ck_assert_ptr_nonnull(pr->net);
+    for (int i = 0; i < 2; i++) {
+        pr->params[i] = *params;
+        pr->params[i].epoch = 0x1000 + (uint64_t) i;
+        if (params->initial_seq[0] == 0) {
+            pr->params[i].initial_seq[0] = 1000u * (unsigned) (i + 1);
+            pr->params[i].initial_seq[1] = 7000u * (unsigned) (i + 1);
+        }
+        pr->p[i].in = &pr->flow[i];
+        pr->p[i].pair = pr;
+    }
+    return pr;
+}
+
+static void pair_create_side(pair_t *pr, int i)
+{
+    tb_channel_callbacks_t cb = {
+        .ctx = &pr->p[i],
+        .recv = on_recv,
+        .recv_buf = on_recv_buf,
+        .recv_buf_drop = on_recv_buf_drop,
+        .send_done = on_send_done,
+        .error = on_error,
+    };
+    ck_assert_int_eq(tb_channel_create(&pr->params[i], tb_lossy_link(pr->net, i), &cb,
+                                       &pr->p[i].ch),
+                     TB_CHAN_OK);
+    tb_lossy_attach(pr->net, i, pr->p[i].ch);
+}
+
+static void pair_connect(pair_t *pr)
+{
+    tb_wire_addr_t a[2];
+    for (int i = 0; i < 2; i++) {
+        pair_create_side(pr, i);
+        tb_channel_local_addr(pr->p[i].ch, &a[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(tb_channel_connect(pr->p[i].ch, &a[1 - i], pr->now), TB_CHAN_OK);
+    }
+}
+
+static void pair_step(pair_t *pr)
+{
+    pr->now += tb_lossy_idle(pr->net) ? 50000 : 2000;
+    tb_lossy_step(pr->net, pr->now);
+}
+
+typedef int (*cond_fn)(pair_t *pr);
+
+static int run_until(pair_t *pr, cond_fn cond, uint64_t limit_ns)
+{
+    uint64_t end = pr->now + limit_ns;
+    while (pr->now < end) {
+        if (cond(pr)) {
+            return 1;
+        }
+        pair_step(pr);
+    }
+    return cond(pr);
+}
+
+static void run_for(pair_t *pr, uint64_t ns)
+{
+    uint64_t end = pr->now + ns;
+    while (pr->now < end) {
+        pair_step(pr);
+    }
+}
+
+static int both_connected(pair_t *pr)
+{
+    return tb_channel_is_connected(pr->p[0].ch) && tb_channel_is_connected(pr->p[1].ch);
+}
+
+static int all_done(pair_t *pr)
+{
+    return pr->flow[0].nrecv == pr->flow[0].nsent && pr->flow[1].nrecv == pr->flow[1].nsent
+           && tb_channel_pending_sends(pr->p[0].ch) == 0
+           && tb_channel_pending_sends(pr->p[1].ch) == 0;
+}
+
+/* Queue message from side `from` (to 1 - from) of len bytes. */
+static int send_msg(pair_t *pr, int from, size_t len, uint8_t tag)
+{
+    flow_t *f = &pr->flow[1 - from];
+    unsigned i = f->nsent;
+    uint32_t off = (uint32_t) (((uint64_t) i * 40961u) % (SRC_SIZE - len + 1));
+    int rc;
+
+    ck_assert_uint_lt(i, MAX_MSGS);
+    f->lens[i] = (uint32_t) len;
+    f->offs[i] = off;
+    f->tags[i] = tag;
+    rc = tb_channel_send(pr->p[from].ch, tag, src + off, len, (void *) (uintptr_t) (i + 1));
+    if (rc == TB_CHAN_OK) {
+        f->nsent++;
+    }
+    return rc;
+}
+
+static void pair_free(pair_t *pr)
+{
+    for (int i = 0; i < 2; i++) {
+        if (pr->p[i].ch) {
+            tb_lossy_reset_side(pr->net, i);
+            tb_channel_destroy(pr->p[i].ch);
+            tb_lossy_attach(pr->net, i, NULL);
+            ck_assert_uint_eq(tb_lossy_slots_out(pr->net, i), 0);
+        }
+    }
+    tb_lossy_net_destroy(pr->net);
+    free(pr);
+}
+
+static void std_setup(tb_lossy_cfg_t *cfg, tb_channel_params_t *p)
+{
+    tb_lossy_cfg_default(cfg);
+    tb_channel_params_default(p);
+    p->peer_timeout_ns = 1000 * MS;
+    p->keepalive_ns = 50 * MS;
+}
+
+static pair_t *std_pair(double loss, double dup, double corrupt, double reorder, uint64_t seed)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    cfg.loss = loss;
+    cfg.dup = dup;
+    cfg.corrupt = corrupt;
+    cfg.reorder = reorder;
+    cfg.seed = seed;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 2000 * MS));
+    return pr;
+}
+
+static void check_clean(pair_t *pr)
+{
+    ck_assert_uint_eq(pr->flow[0].bad, 0);
+    ck_assert_uint_eq(pr->flow[1].bad, 0);
+    ck_assert_uint_eq(pr->flow[0].nrecv, pr->flow[0].nsent);
+    ck_assert_uint_eq(pr->flow[1].nrecv, pr->flow[1].nsent);
+    ck_assert_uint_eq(pr->p[0].send_ok, pr->flow[1].nsent);
+    ck_assert_uint_eq(pr->p[1].send_ok, pr->flow[0].nsent);
+    ck_assert_uint_eq(pr->p[0].errors + pr->p[1].errors, 0);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->frame_mismatch, 0);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->bad_posts, 0);
+}
+
+/* ------------------------------------------------------------------ */
+
+START_TEST(test_crc32c)
+{
+    unsigned char buf[1000];
+    ck_assert_uint_eq(tb_crc32c(0, "123456789", 9), 0xe3069283u);
+    ck_assert_uint_eq(tb_crc32c_sw(0, "123456789", 9), 0xe3069283u);
+    memset(buf, 0, 32);
+    ck_assert_uint_eq(tb_crc32c(0, buf, 32), 0x8a9136aau); /* RFC 3720 B.4 */
+    for (unsigned i = 0; i < sizeof(buf); i++) {
+        buf[i] = (unsigned char) (i * 37 + 11);
+    }
+    for (unsigned off = 0; off < 9; off++) {
+        for (unsigned len = 0; len < 200; len += 7) {
+            uint32_t a = tb_crc32c(0, buf + off, len);
+            ck_assert_uint_eq(a, tb_crc32c_sw(0, buf + off, len));
+            ck_assert_uint_eq(tb_crc32c(tb_crc32c(0, buf + off, len / 2), buf + off + len / 2,
+                                        len - len / 2),
+                              a);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_wire_layout)
+{
+    ck_assert_uint_eq(sizeof(tb_wire_frame_hdr_t), 80);
+    ck_assert_uint_eq(sizeof(tb_wire_addr_t), 64);
+    ck_assert_uint_eq(tb_wire_hw_frames(0), 1);
+    ck_assert_uint_eq(tb_wire_hw_frames(4096), 1);
+    ck_assert_uint_eq(tb_wire_hw_frames(4097), 2);
+    ck_assert(tb_seq_lt(0xfffffff0u, 5));
+    ck_assert(!tb_seq_lt(5, 0xfffffff0u));
+    ck_assert(tb_seq_le(7, 7));
+}
+END_TEST
+
+static void expect_bad(const tb_channel_params_t *p, const char *word)
+{
+    char why[200] = "";
+    ck_assert_int_eq(tb_channel_params_check(p, why, sizeof(why)), TB_CHAN_EINVAL);
+    ck_assert_msg(strstr(why, word) != NULL, "'%s' does not name %s", why, word);
+}
+
+START_TEST(test_bad_params)
+{
+    tb_channel_params_t p, q;
+    tb_lossy_cfg_t cfg;
+    tb_lossy_net_t *net;
+    tb_channel_t *ch = NULL;
+    tb_channel_callbacks_t cb = {.recv = on_recv};
+
+    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
+    tb_channel_params_default(&p);
+    expect_bad(&p, "epoch");
+    p.epoch = 42;
+    ck_assert_int_eq(tb_channel_params_check(&p, NULL, 0), TB_CHAN_OK);
+    q = p; q.nlanes = 3; expect_bad(&q, "nlanes");
+    q = p; q.nlanes = 0; expect_bad(&q, "nlanes");
+    q = p; q.frame_size[1] = 5000; expect_bad(&q, "frame_size[1]");
+    q = p; q.frame_size[1] = 16773120 + 4096; expect_bad(&q, "16773120");
+    q = p; q.frame_size[0] = 0; expect_bad(&q, "frame_size[0]");
+    q = p; q.recv_depth[0] = 33; expect_bad(&q, "recv_depth_max");
+    q = p; q.recv_depth[0] = 2; expect_bad(&q, "recv_depth[0]");
+    q = p; q.recv_depth_max = 5000; expect_bad(&q, "4095");
+    q = p; q.recv_depth_max = 64; q.recv_depth[1] = 64; q.frame_size[1] = 1 << 20;
+    expect_bad(&q, "4095");
+    q = p; q.send_window[0] = 0; expect_bad(&q, "send_window[0]");
+    q = p; q.rto_max_ns = 1; expect_bad(&q, "rto");
+    q = p; q.peer_timeout_ns = q.keepalive_ns; expect_bad(&q, "peer_timeout");
+    q = p; q.max_frames_per_progress = 0; expect_bad(&q, "max_frames_per_progress");
+    /* Only lane 0 is checked with one lane. */
+    q = p; q.nlanes = 1; q.frame_size[1] = 3;
+    ck_assert_int_eq(tb_channel_params_check(&q, NULL, 0), TB_CHAN_OK);
+
+    tb_lossy_cfg_default(&cfg);
+    net = tb_lossy_net_create(&cfg);
+    q = p; q.frame_size[0] = 100;
+    ck_assert_int_eq(tb_channel_create(&q, tb_lossy_link(net, 0), &cb, &ch), TB_CHAN_EINVAL);
+    ck_assert_ptr_null(ch);
+    cb.recv = NULL;
+    ck_assert_int_eq(tb_channel_create(&p, tb_lossy_link(net, 0), &cb, &ch), TB_CHAN_EINVAL);
+    tb_lossy_net_destroy(net);
+}
+END_TEST
+
+START_TEST(test_bad_peer_addr)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    tb_wire_addr_t a;
+
+    std_setup(&cfg, &p);
+    pr = pair_new(&cfg, &p);
+    pair_create_side(pr, 0);
+    pair_create_side(pr, 1);
+    tb_channel_local_addr(pr->p[1].ch, &a);
+    a.qpn[0] ^= 1; /* corrupt: crc no longer matches */
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_EPROTO);
+    tb_channel_local_addr(pr->p[1].ch, &a);
+    a.version = 9;
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_EPROTO);
+    tb_channel_local_addr(pr->p[1].ch, &a);
+    a.frame_size[1] = tb_wire_le32(8192);
+    a.crc = tb_wire_le32(tb_crc32c(0, &a, TB_WIRE_ADDR_SIZE - 4));
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_EPROTO);
+    tb_channel_local_addr(pr->p[1].ch, &a);
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_OK);
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_ESTATE);
+    pair_free(pr);
+}
+END_TEST
+
+static const size_t sizes[] = {0,     1,     2,     79,     80,      4015,    4016,
+                               4017,  8032,  8033,  16383,  16384,   65455,   65456,
+                               65457, 99999, 1 << 20, (3 << 20) + 5, 6 << 20};
+
+START_TEST(test_sizes)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 1);
+    for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        ck_assert_int_eq(send_msg(pr, 0, sizes[i], (uint8_t) i), TB_CHAN_OK);
+        ck_assert_int_eq(send_msg(pr, 1, sizes[i], (uint8_t) (200 + i)), TB_CHAN_OK);
+    }
+    ck_assert(run_until(pr, all_done, 5000 * MS));
+    check_clean(pr);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+    ck_assert_uint_eq(tb_channel_counters(pr->p[0].ch)->retransmits, 0);
+    ck_assert_uint_eq(tb_channel_counters(pr->p[1].ch)->msgs_received,
+                      sizeof(sizes) / sizeof(sizes[0]));
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_sizes_one_lane_recv_buf)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    p.nlanes = cfg.nlanes = 1;
+    pr = pair_new(&cfg, &p);
+    pr->p[1].use_recv_buf = 1;
+    pair_connect(pr);
+    for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        ck_assert_int_eq(send_msg(pr, 0, sizes[i], (uint8_t) i), TB_CHAN_OK);
+    }
+    ck_assert(run_until(pr, all_done, 5000 * MS));
+    check_clean(pr);
+    ck_assert_uint_eq(pr->p[1].bufs_given, 12); /* messages longer than one frame */
+    ck_assert_uint_eq(pr->p[1].bufs_out, 0);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_iovec)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 2);
+    flow_t *f = &pr->flow[1];
+    struct iovec iov[4] = {
+        {src + 100, 10}, {src + 110, 0}, {src + 110, 70000}, {src + 70110, 3}};
+    f->lens[0] = 70013;
+    f->offs[0] = 100;
+    f->tags[0] = 9;
+    f->nsent = 1;
+    ck_assert_int_eq(tb_channel_sendv(pr->p[0].ch, 9, iov, 4, NULL), TB_CHAN_OK);
+    ck_assert(run_until(pr, all_done, 100 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+static void mixed_traffic(pair_t *pr, unsigned n, uint64_t seed, int both)
+{
+    uint64_t x = seed;
+    for (unsigned i = 0; i < n; i++) {
+        size_t len;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        switch ((x >> 60) % 4) {
+        case 0: len = (x >> 20) % 64; break;
+        case 1: len = (x >> 20) % 4100; break;
+        case 2: len = (x >> 20) % 70000; break;
+        default: len = (x >> 20) % 300000; break;
+        }
+        ck_assert_int_eq(send_msg(pr, both ? (int) (i & 1) : 0, len, (uint8_t) x), TB_CHAN_OK);
+    }
+}
+
+START_TEST(test_loss)
+{
+    pair_t *pr = std_pair(0.05, 0, 0, 0, 3);
+    const tb_channel_counters_t *c = tb_channel_counters(pr->p[0].ch);
+    mixed_traffic(pr, 300, 11, 1);
+    ck_assert(run_until(pr, all_done, 20000 * MS));
+    check_clean(pr);
+    ck_assert_uint_gt(tb_lossy_stats(pr->net)->lost, 0);
+    ck_assert_uint_gt(c->retransmits, 0);
+    ck_assert_uint_gt(c->naks_received + c->timeouts, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[1].ch)->out_of_order, 0);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_reorder)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0.2, 4);
+    mixed_traffic(pr, 300, 12, 1);
+    ck_assert(run_until(pr, all_done, 20000 * MS));
+    check_clean(pr);
+    ck_assert_uint_gt(tb_lossy_stats(pr->net)->reordered, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[1].ch)->out_of_order
+                          + tb_channel_counters(pr->p[0].ch)->out_of_order,
+                      0);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_duplication)
+{
+    pair_t *pr = std_pair(0, 0.2, 0, 0, 5);
+    mixed_traffic(pr, 300, 13, 1);
+    ck_assert(run_until(pr, all_done, 20000 * MS));
+    check_clean(pr);
+    ck_assert_uint_gt(tb_lossy_stats(pr->net)->duplicated, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[1].ch)->duplicates, 0);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_corruption)
+{
+    pair_t *pr = std_pair(0, 0, 0.05, 0, 6);
+    mixed_traffic(pr, 300, 14, 1);
+    ck_assert(run_until(pr, all_done, 20000 * MS));
+    check_clean(pr);
+    ck_assert_uint_gt(tb_lossy_stats(pr->net)->corrupted, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->bad_checksum
+                          + tb_channel_counters(pr->p[1].ch)->bad_checksum,
+                      0);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_everything_at_once)
+{
+    pair_t *pr = std_pair(0.03, 0.03, 0.03, 0.03, 7);
+    mixed_traffic(pr, 500, 15, 1);
+    ck_assert(run_until(pr, all_done, 30000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+/* The receiver polls one completion per step: data must wait for credit and
+ * no frame may ever arrive without a receive posted for it. */
+START_TEST(test_slow_receiver)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    cfg.poll_budget = 1;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 100 * MS));
+    tb_lossy_set_dead(pr->net, 1, 1); /* pause the receiver for a while */
+    mixed_traffic(pr, 400, 16, 0);
+    run_for(pr, 100 * MS);
+    ck_assert_uint_eq(pr->flow[1].nrecv, 0);
+    tb_lossy_set_dead(pr->net, 1, 0);
+    ck_assert(run_until(pr, all_done, 30000 * MS));
+    check_clean(pr);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->credit_stalls, 0);
+    pair_free(pr);
+}
+END_TEST
+
+/* Both sides saturate each other (credits exhausted both ways). */
+START_TEST(test_bidirectional_saturation)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    p.nlanes = cfg.nlanes = 1;
+    p.recv_depth[0] = cfg.recv_slots[0] = 8;
+    cfg.poll_budget = 3;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    for (unsigned i = 0; i < 2000; i++) {
+        ck_assert_int_eq(send_msg(pr, (int) (i & 1), 100 + i % 3000, (uint8_t) i), TB_CHAN_OK);
+    }
+    ck_assert(run_until(pr, all_done, 30000 * MS));
+    check_clean(pr);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+    pair_free(pr);
+}
+END_TEST
+
+/* Everything is lost for a while: retransmit timeouts back off
+ * exponentially (1, 2, 4 ... ms) instead of firing every ms. */
+START_TEST(test_backoff)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 8);
+    tb_lossy_cfg_t cfg = pr->cfg;
+    const tb_channel_counters_t *c = tb_channel_counters(pr->p[0].ch);
+    uint64_t t0, rtx0;
+
+    cfg.loss = 1.0;
+    tb_lossy_set_cfg(pr->net, &cfg);
+    ck_assert_int_eq(send_msg(pr, 0, 1000, 1), TB_CHAN_OK);
+    t0 = c->timeouts;
+    rtx0 = c->retransmits;
+    run_for(pr, 200 * MS);
+    /* Expiries at about 1, 3, 7, 15, 31, 63, 127 ms. */
+    ck_assert_uint_ge(c->timeouts - t0, 6);
+    ck_assert_uint_le(c->timeouts - t0, 8);
+    ck_assert_uint_eq(c->retransmits - rtx0, c->timeouts - t0);
+    run_for(pr, 400 * MS); /* the bound: 128 ms apart */
+    ck_assert_uint_ge(c->timeouts - t0, 9);
+    ck_assert_uint_le(c->timeouts - t0, 11);
+    cfg.loss = 0;
+    tb_lossy_set_cfg(pr->net, &cfg);
+    ck_assert(run_until(pr, all_done, 300 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+static int p0_failed(pair_t *pr)
+{
+    return pr->p[0].errors > 0;
+}
+
+static int p1_failed(pair_t *pr)
+{
+    return pr->p[1].errors > 0;
+}
+
+START_TEST(test_peer_death_pending)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 9);
+    uint64_t t_dead;
+    unsigned queued = 0;
+
+    pr->p[1].use_recv_buf = 1;
+    mixed_traffic(pr, 50, 17, 0);
+    run_for(pr, 200 * 1000);
+    tb_lossy_set_dead(pr->net, 1, 1);
+    t_dead = pr->now;
+    for (unsigned i = 0; i < 20; i++) {
+        queued += send_msg(pr, 0, 150000, 1) == TB_CHAN_OK; /* 3 bulk frames */
+    }
+    ck_assert_uint_eq(queued, 20);
+    ck_assert(run_until(pr, p0_failed, 5000 * MS));
+    ck_assert_uint_eq(pr->p[0].errors, 1);
+    ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_EPEERDEAD);
+    ck_assert_uint_ge(pr->p[0].error_ns - t_dead, pr->params[0].peer_timeout_ns - 5 * MS);
+    ck_assert_uint_le(pr->p[0].error_ns - t_dead, pr->params[0].peer_timeout_ns + 5 * MS);
+    ck_assert_uint_eq(pr->p[0].send_ok + pr->p[0].send_err, 70);
+    ck_assert_uint_gt(pr->p[0].send_err, 0);
+    ck_assert_int_eq(pr->p[0].last_send_status, TB_CHAN_EPEERDEAD);
+    ck_assert_uint_eq(tb_channel_pending_sends(pr->p[0].ch), 0);
+    ck_assert_int_eq(send_msg(pr, 0, 10, 1), TB_CHAN_EPEERDEAD);
+    ck_assert_int_eq(tb_channel_status(pr->p[0].ch), TB_CHAN_EPEERDEAD);
+    /* The dead side wakes up: it sees the silence too and drops partial
+     * messages it was assembling into caller buffers. */
+    tb_lossy_set_dead(pr->net, 1, 0);
+    ck_assert(run_until(pr, p1_failed, 2000 * MS));
+    ck_assert_int_eq(pr->p[1].error_status, TB_CHAN_EPEERDEAD);
+    ck_assert_uint_gt(pr->p[1].bufs_dropped, 0);
+    ck_assert_uint_eq(pr->p[1].bufs_out, 0);
+    ck_assert_uint_eq(pr->flow[1].bad, 0);
+    pair_free(pr);
+}
+END_TEST
+
+/* Idle: keepalives keep the channel up; then the peer dies. */
+START_TEST(test_peer_death_idle)
+{
+    pair_t *pr = std_pair(0.05, 0, 0, 0, 10);
+    uint64_t t_dead;
+
+    run_for(pr, 3000 * MS);
+    ck_assert_uint_eq(pr->p[0].errors + pr->p[1].errors, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->keepalives_sent, 40);
+    tb_lossy_set_dead(pr->net, 1, 1);
+    t_dead = pr->now;
+    ck_assert(run_until(pr, p0_failed, 5000 * MS));
+    ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_EPEERDEAD);
+    ck_assert_uint_le(pr->p[0].error_ns - t_dead, pr->params[0].peer_timeout_ns + 5 * MS);
+    ck_assert_uint_ge(pr->p[0].error_ns - t_dead,
+                      pr->params[0].peer_timeout_ns - pr->params[0].keepalive_ns - 5 * MS);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_connect_timeout)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    tb_wire_addr_t a;
+
+    std_setup(&cfg, &p);
+    pr = pair_new(&cfg, &p);
+    pair_create_side(pr, 0);
+    pair_create_side(pr, 1);
+    tb_channel_local_addr(pr->p[1].ch, &a);
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a, 0), TB_CHAN_OK);
+    ck_assert_int_eq(send_msg(pr, 0, 10, 1), TB_CHAN_OK); /* queued before connect */
+    ck_assert(run_until(pr, p0_failed, 3000 * MS));
+    ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_EPEERDEAD);
+    ck_assert_uint_ge(pr->p[0].error_ns, p.peer_timeout_ns);
+    ck_assert_uint_le(pr->p[0].error_ns, p.peer_timeout_ns + 1 * MS);
+    ck_assert_uint_eq(pr->p[0].send_err, 1);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_late_peer)
+{
+    /* One side connects much later: HELLOs are retried until it answers,
+     * and a message queued early still arrives. */
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    tb_wire_addr_t a[2];
+
+    std_setup(&cfg, &p);
+    pr = pair_new(&cfg, &p);
+    pair_create_side(pr, 0);
+    pair_create_side(pr, 1);
+    tb_channel_local_addr(pr->p[0].ch, &a[0]);
+    tb_channel_local_addr(pr->p[1].ch, &a[1]);
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a[1], 0), TB_CHAN_OK);
+    ck_assert_int_eq(send_msg(pr, 0, 5000, 3), TB_CHAN_OK);
+    run_for(pr, 300 * MS);
+    ck_assert_int_eq(tb_channel_connect(pr->p[1].ch, &a[0], pr->now), TB_CHAN_OK);
+    ck_assert(run_until(pr, all_done, 500 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_restarted_peer)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 11);
+    tb_wire_addr_t a;
+
+    mixed_traffic(pr, 20, 18, 1);
+    ck_assert(run_until(pr, all_done, 1000 * MS));
+    /* Side 1 restarts: new incarnation, same link, connects to side 0 again. */
+    tb_lossy_reset_side(pr->net, 1);
+    tb_channel_destroy(pr->p[1].ch);
+    pr->p[1].ch = NULL;
+    tb_lossy_attach(pr->net, 1, NULL);
+    ck_assert_uint_eq(tb_lossy_slots_out(pr->net, 1), 0);
+    pr->params[1].epoch = 0x9999;
+    pair_create_side(pr, 1);
+    tb_channel_local_addr(pr->p[0].ch, &a);
+    ck_assert_int_eq(tb_channel_connect(pr->p[1].ch, &a, pr->now), TB_CHAN_OK);
+    ck_assert(run_until(pr, p0_failed, 100 * MS));
+    ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_ERESTARTED);
+    ck_assert_uint_lt(pr->p[0].error_ns - pr->now, 10 * MS);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_wraparound)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    cfg.loss = 0.02;
+    cfg.seed = 12;
+    p.initial_seq[0] = 0xffffff00u;
+    p.initial_seq[1] = 0xfffffff0u;
+    pr = pair_new(&cfg, &p);
+    pr->params[1].initial_seq[0] = 0xfffffff8u;
+    pr->params[1].initial_seq[1] = 0x7ffffff0u;
+    pair_connect(pr);
+    mixed_traffic(pr, 1500, 19, 1);
+    ck_assert(run_until(pr, all_done, 60000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+static void make_frame(unsigned char *buf, pair_t *pr, uint8_t type, uint32_t seq,
+                       uint32_t msg_len, uint32_t off, uint32_t plen)
+{
+    tb_wire_frame_hdr_t *h = (tb_wire_frame_hdr_t *) buf;
+    memset(buf, 0, TB_WIRE_HDR_SIZE + plen);
+    h->magic = tb_wire_le32(TB_WIRE_FRAME_MAGIC);
+    h->version = TB_WIRE_VERSION;
+    h->type = type;
+    h->lane = 0;
+    h->src_epoch = tb_wire_le64(pr->params[1].epoch);
+    h->dst_epoch = tb_wire_le64(pr->params[0].epoch);
+    h->tsn = tb_wire_le32(pr->params[1].initial_seq[0]); /* old: harmless */
+    h->seq = tb_wire_le32(seq);
+    h->ack[0] = tb_wire_le32(pr->params[0].initial_seq[0] - 1);
+    h->ack[1] = tb_wire_le32(pr->params[0].initial_seq[1] - 1);
+    h->msg_len = tb_wire_le32(msg_len);
+    h->frag_offset = tb_wire_le32(off);
+    h->payload_len = tb_wire_le32(plen);
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+}
+
+START_TEST(test_malformed)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 13);
+    const tb_channel_counters_t *c = tb_channel_counters(pr->p[0].ch);
+    unsigned char buf[4096];
+    uint32_t next_seq = pr->params[1].initial_seq[0]; /* nothing sent yet */
+    tb_wire_frame_hdr_t *h = (tb_wire_frame_hdr_t *) buf;
+    uint64_t m0 = c->malformed;
+
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 0, 10);
+    tb_lossy_inject(pr->net, 0, 0, buf, 40); /* shorter than a header */
+    h->magic ^= 1;
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 0, 10);
+    h->version = 2;
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, 77, next_seq, 0, 0, 0); /* unknown type */
+    tb_lossy_inject(pr->net, 0, 0, buf, 80);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 4000, 0, 4000); /* payload beyond frame */
+    tb_lossy_inject(pr->net, 0, 0, buf, 200);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 8, 10); /* beyond the message */
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 100, 40, 10); /* starts mid-message */
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 100u << 20, 0, 10); /* > max_msg_size */
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_ACK, 0, 0, 0, 0);
+    h->ack[0] = tb_wire_le32(pr->params[0].initial_seq[0] + 50); /* acks unsent data */
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+    tb_lossy_inject(pr->net, 0, 0, buf, 80);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 0, 10);
+    h->lane = 1; /* arrived on lane 0 */
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 0, 10);
+    h->hdr_crc ^= 4;
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    make_frame(buf, pr, TB_FRAME_DATA, next_seq, 10, 0, 10);
+    h->src_epoch = tb_wire_le64(77); /* another incarnation, not a HELLO */
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+    tb_lossy_inject(pr->net, 0, 0, buf, 90);
+    run_for(pr, 1 * MS);
+    ck_assert_uint_eq(c->malformed - m0, 10);
+    ck_assert_uint_eq(c->bad_checksum, 1);
+    ck_assert_uint_eq(c->stale, 1);
+    ck_assert_uint_eq(pr->flow[0].nrecv, 0);
+    ck_assert_uint_eq(pr->p[0].errors, 0);
+    /* Still works. */
+    mixed_traffic(pr, 50, 20, 1);
+    ck_assert(run_until(pr, all_done, 1000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_close)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 14);
+    pr->flow[1].nsent = 0;
+    tb_lossy_set_dead(pr->net, 1, 1);
+    ck_assert_int_eq(send_msg(pr, 0, 100000, 1), TB_CHAN_OK);
+    run_for(pr, 1 * MS);
+    tb_channel_close(pr->p[0].ch);
+    ck_assert_uint_eq(pr->p[0].send_err, 1);
+    ck_assert_int_eq(pr->p[0].last_send_status, TB_CHAN_ECANCELED);
+    ck_assert_uint_eq(pr->p[0].errors, 0);
+    ck_assert_int_eq(send_msg(pr, 0, 1, 1), TB_CHAN_ECANCELED);
+    tb_lossy_set_dead(pr->net, 1, 0);
+    ck_assert(run_until(pr, p1_failed, 100 * MS));
+    ck_assert_int_eq(pr->p[1].error_status, TB_CHAN_ECLOSED);
+    pair_free(pr);
+}
+END_TEST
+
+START_TEST(test_destroy_pending)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 15);
+    mixed_traffic(pr, 100, 21, 1);
+    run_for(pr, 100 * 1000);
+    tb_lossy_reset_side(pr->net, 0);
+    tb_channel_destroy(pr->p[0].ch);
+    pr->p[0].ch = NULL;
+    tb_lossy_attach(pr->net, 0, NULL);
+    ck_assert_uint_eq(pr->p[0].send_ok + pr->p[0].send_err, pr->flow[1].nsent);
+    ck_assert_uint_eq(tb_lossy_slots_out(pr->net, 0), 0);
+    pair_free(pr);
+}
+END_TEST
+
+/* Soak: 64 MiB of mixed sizes each way at a given loss, every byte checked. */
+static void soak(double loss, uint64_t seed)
+{
+    pair_t *pr = std_pair(loss, loss / 4, loss / 4, loss / 4, seed);
+    uint64_t x = seed, bytes[2] = {0, 0};
+    int side = 0;
+
+    while (bytes[0] < (64u << 20) || bytes[1] < (64u << 20)) {
+        size_t len;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        switch ((x >> 61) % 8) {
+        case 0: case 1: case 2: len = (x >> 20) % 256; break;
+        case 3: case 4: len = (x >> 20) % 8192; break;
+        case 5: len = (x >> 20) % 131072; break;
+        case 6: len = (x >> 20) % (1u << 20); break;
+        default: len = (x >> 20) % (5u << 20); break;
+        }
+        if (bytes[side] >= (64u << 20)) {
+            side = 1 - side;
+        }
+        ck_assert_int_eq(send_msg(pr, side, len, (uint8_t) (x >> 8)), TB_CHAN_OK);
+        bytes[side] += len;
+        side = (int) ((x >> 40) & 1);
+        /* Keep a bounded backlog, as a real sender would. */
+        while (tb_channel_pending_sends(pr->p[0].ch) + tb_channel_pending_sends(pr->p[1].ch)
+               > 64) {
+            pair_step(pr);
+        }
+    }
+    ck_assert(run_until(pr, all_done, 60000 * MS));
+    check_clean(pr);
+    if (getenv("TB_CHECK_VERBOSE")) {
+        for (int i = 0; i < 2; i++) {
+            const tb_channel_counters_t *c = tb_channel_counters(pr->p[i].ch);
+            fprintf(stderr,
+                    "soak loss %.2f side %d: %llu msgs %llu bytes received, %llu frames sent, "
+                    "%llu retransmits, %llu timeouts, %llu naks, %llu dups, %llu bad crc, "
+                    "%llu credit stalls, virtual time %.3f s\n",
+                    loss, i, (unsigned long long) c->msgs_received,
+                    (unsigned long long) c->bytes_received, (unsigned long long) c->frames_sent,
+                    (unsigned long long) c->retransmits, (unsigned long long) c->timeouts,
+                    (unsigned long long) c->naks_received, (unsigned long long) c->duplicates,
+                    (unsigned long long) c->bad_checksum,
+                    (unsigned long long) c->credit_stalls, (double) pr->now / 1e9);
+        }
+    }
+    if (loss == 0) {
+        ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+        ck_assert_uint_eq(tb_channel_counters(pr->p[0].ch)->retransmits, 0);
+    } else {
+        ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->retransmits, 0);
+    }
+    pair_free(pr);
+}
+
+START_TEST(test_soak_0) { soak(0, 100); }
+END_TEST
+START_TEST(test_soak_1) { soak(0.01, 101); }
+END_TEST
+START_TEST(test_soak_10) { soak(0.10, 102); }
+END_TEST
+
+static Suite *channel_suite(void)
+{
+    Suite *s = suite_create("channel");
+    TCase *tc = tcase_create("unit");
+    TCase *ts = tcase_create("soak");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_crc32c);
+    tcase_add_test(tc, test_wire_layout);
+    tcase_add_test(tc, test_bad_params);
+    tcase_add_test(tc, test_bad_peer_addr);
+    tcase_add_test(tc, test_sizes);
+    tcase_add_test(tc, test_sizes_one_lane_recv_buf);
+    tcase_add_test(tc, test_iovec);
+    tcase_add_test(tc, test_loss);
+    tcase_add_test(tc, test_reorder);
+    tcase_add_test(tc, test_duplication);
+    tcase_add_test(tc, test_corruption);
+    tcase_add_test(tc, test_everything_at_once);
+    tcase_add_test(tc, test_slow_receiver);
+    tcase_add_test(tc, test_bidirectional_saturation);
+    tcase_add_test(tc, test_backoff);
+    tcase_add_test(tc, test_peer_death_pending);
+    tcase_add_test(tc, test_peer_death_idle);
+    tcase_add_test(tc, test_connect_timeout);
+    tcase_add_test(tc, test_late_peer);
+    tcase_add_test(tc, test_restarted_peer);
+    tcase_add_test(tc, test_wraparound);
+    tcase_add_test(tc, test_malformed);
+    tcase_add_test(tc, test_close);
+    tcase_add_test(tc, test_destroy_pending);
+    suite_add_tcase(s, tc);
+    tcase_set_timeout(ts, 600);
+    tcase_add_test(ts, test_soak_0);
+    tcase_add_test(ts, test_soak_1);
+    tcase_add_test(ts, test_soak_10);
+    suite_add_tcase(s, ts);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(channel_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
