@@ -26,8 +26,9 @@ tb_component_dir="$TB_BUILDDIR/btl_tbrdma/.libs"
 
 # The variable replaces Open MPI's search path, so Open MPI's own directory
 # comes too; a directory that does not exist would end the search.
-OMPI_MCA_mca_base_component_path="$tb_component_dir:$TB_MCA_COMPONENT_DIR"
-[ -d "$TB_MCA_COMPONENT_DIR" ] || OMPI_MCA_mca_base_component_path="$tb_component_dir"
+ompi_pkglibdir=$("$TB_OMPI_INFO" --path pkglibdir --parsable | sed -n 's/^path:pkglibdir://p')
+[ -d "$ompi_pkglibdir" ] || { echo "Open MPI's component directory '$ompi_pkglibdir' not found"; exit 99; }
+OMPI_MCA_mca_base_component_path="$tb_component_dir:$ompi_pkglibdir"
 export OMPI_MCA_mca_base_component_path
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # A clean slate: no user or site settings of tbrdma's parameters.

@@ -12,9 +12,16 @@ fake="$TB_BUILDDIR/tests/unit/.libs/libfakeverbs.so"
 run() {
     name=$1 expect=$2
     shift 2
-    timeout 120 "$ompi_bindir/mpirun" --oversubscribe -np 2 "$@" "$scratch/hello" \
-        > "$scratch/$name.out" 2>&1
-    status=$?
+    # Open MPI 4.x's runtime sometimes drops a rank's help message
+    # ("Data unpack would read past end of buffer in file util/show_help.c",
+    # open-mpi/ompi#8356): such a run says nothing about tbrdma, so run again.
+    for attempt in 1 2 3; do
+        timeout 120 "$ompi_bindir/mpirun" --oversubscribe -np 2 "$@" "$scratch/hello" \
+            > "$scratch/$name.out" 2>&1
+        status=$?
+        grep -q "read past end of buffer in file .*show_help.c" "$scratch/$name.out" || break
+        echo "note: $name: Open MPI lost a help message (ompi#8356), attempt $attempt"
+    done
     if [ "$status" -eq 124 ]; then
         not_ok "$name: hung (killed after 120 s)"
         return 1
