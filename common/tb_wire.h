@@ -106,6 +106,49 @@ typedef struct __attribute__((packed)) tb_wire_addr {
 _Static_assert(sizeof(tb_wire_addr_t) == TB_WIRE_ADDR_SIZE, "address blob layout");
 _Static_assert(offsetof(tb_wire_addr_t, crc) == TB_WIRE_ADDR_SIZE - 4, "crc must be last");
 
+/*
+ * Remote memory access emulated over the channel (Apple's RDMA has no RDMA
+ * WRITE or READ).  These ride in channel messages with the tags below:
+ * channel tags under 0x20 are tbrdma's own, Open MPI's users of a BTL use
+ * 0x20 and up (MCA_BTL_TAG_BTL).
+ *
+ * PUT carries the data after the header and is answered by PUT_ACK;
+ * GET_REQ is answered by GET_RESP carrying the data.  The target checks
+ * (key, addr, len) against memory it registered before touching any byte;
+ * a refused request is answered with a non-zero status and no data.
+ */
+#define TB_WIRE_RMA_VERSION 1
+
+enum {
+    TB_TAG_RMA_PUT = 0x01,
+    TB_TAG_RMA_PUT_ACK = 0x02,
+    TB_TAG_RMA_GET_REQ = 0x03,
+    TB_TAG_RMA_GET_RESP = 0x04,
+    TB_TAG_FIRST_USER = 0x20,
+};
+
+typedef enum {
+    TB_RMA_OK = 0,
+    TB_RMA_ENOKEY = 1,  /* no region registered under that key */
+    TB_RMA_ERANGE = 2,  /* [addr, addr+len) is not inside the region */
+    TB_RMA_EACCES = 3,  /* the region does not allow this access */
+    TB_RMA_EPROTO = 4,  /* malformed request */
+} tb_rma_status_t;
+
+typedef struct __attribute__((packed)) tb_wire_rma_hdr {
+    uint8_t version;
+    uint8_t status;      /* tb_rma_status_t, in replies */
+    uint16_t reserved;   /* zero */
+    uint32_t reserved2;  /* zero */
+    uint64_t req_id;     /* the requester's, echoed in the reply */
+    uint64_t key;        /* the target's registration key */
+    uint64_t addr;       /* target address */
+    uint64_t len;        /* bytes to put or get */
+} tb_wire_rma_hdr_t;
+
+#define TB_WIRE_RMA_HDR_SIZE 40u
+_Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header layout");
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 static inline uint16_t tb_wire_le16(uint16_t v) { return v; }
 static inline uint32_t tb_wire_le32(uint32_t v) { return v; }

@@ -1,0 +1,197 @@
+/*
+ * tbrdma common layer: memory this process exposes to its peers' put/get.
+ */
+#include "tb_rma.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TB_RMA_MIN_CAPACITY 64
+
+/* splitmix64: keys must not be guessable from each other by a peer that
+ * has seen some of them, and must never be 0. */
+static uint64_t next_key(tb_rma_table_t *t)
+{
+    uint64_t z;
+
+    do {
+        z = (t->rng += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+    } while (0 == z);
+    return z;
+}
+
+static uint64_t os_seed(void)
+{
+    uint64_t seed = 0;
+    struct timespec ts;
+    int fd = open("/dev/urandom", O_RDONLY);
+
+    if (fd >= 0) {
+        if (read(fd, &seed, sizeof(seed)) != (ssize_t) sizeof(seed)) {
+            seed = 0;
+        }
+        close(fd);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return seed ^ ((uint64_t) ts.tv_sec << 32) ^ (uint64_t) ts.tv_nsec ^
+           ((uint64_t) getpid() << 16);
+}
+
+static size_t slot_of(const tb_rma_table_t *t, uint64_t key)
+{
+    return (size_t) (key * 0x9e3779b97f4a7c15ull >> 7) & (t->capacity - 1);
+}
+
+int tb_rma_table_init(tb_rma_table_t *t, uint64_t seed)
+{
+    memset(t, 0, sizeof(*t));
+    t->capacity = TB_RMA_MIN_CAPACITY;
+    t->slots = calloc(t->capacity, sizeof(*t->slots));
+    if (NULL == t->slots) {
+        return -1;
+    }
+    t->rng = seed ? seed : os_seed();
+    return 0;
+}
+
+void tb_rma_table_fini(tb_rma_table_t *t)
+{
+    free(t->slots);
+    memset(t, 0, sizeof(*t));
+}
+
+static void insert(tb_rma_table_t *t, const tb_rma_region_t *r)
+{
+    size_t i = slot_of(t, r->key);
+
+    while (t->slots[i].key) {
+        i = (i + 1) & (t->capacity - 1);
+    }
+    t->slots[i] = *r;
+}
+
+/* Keep the load at most one half so probes stay short. */
+static int grow(tb_rma_table_t *t)
+{
+    tb_rma_region_t *old = t->slots;
+    size_t old_cap = t->capacity, i;
+
+    t->slots = calloc(old_cap * 2, sizeof(*t->slots));
+    if (NULL == t->slots) {
+        t->slots = old;
+        return -1;
+    }
+    t->capacity = old_cap * 2;
+    for (i = 0; i < old_cap; ++i) {
+        if (old[i].key) {
+            insert(t, &old[i]);
+        }
+    }
+    free(old);
+    return 0;
+}
+
+static tb_rma_region_t *find(const tb_rma_table_t *t, uint64_t key)
+{
+    size_t i;
+
+    if (0 == key) {
+        return NULL;
+    }
+    for (i = slot_of(t, key); t->slots[i].key; i = (i + 1) & (t->capacity - 1)) {
+        if (t->slots[i].key == key) {
+            return &t->slots[i];
+        }
+    }
+    return NULL;
+}
+
+int tb_rma_register(tb_rma_table_t *t, const void *base, size_t len, uint32_t access,
+                    uint64_t *key)
+{
+    tb_rma_region_t r;
+
+    if (0 == len || (uintptr_t) base + len < (uintptr_t) base) {
+        return -1;
+    }
+    if ((t->count + 1) * 2 > t->capacity && 0 != grow(t)) {
+        return -1;
+    }
+    do {
+        r.key = next_key(t);
+    } while (find(t, r.key));
+    r.base = (uint64_t) (uintptr_t) base;
+    r.len = len;
+    r.access = access;
+    insert(t, &r);
+    t->count++;
+    *key = r.key;
+    return 0;
+}
+
+int tb_rma_deregister(tb_rma_table_t *t, uint64_t key)
+{
+    tb_rma_region_t *r = find(t, key);
+    size_t hole, i;
+
+    if (NULL == r) {
+        return -1;
+    }
+    /* Backward-shift deletion keeps every probe chain unbroken. */
+    hole = (size_t) (r - t->slots);
+    t->slots[hole].key = 0;
+    for (i = (hole + 1) & (t->capacity - 1); t->slots[i].key; i = (i + 1) & (t->capacity - 1)) {
+        size_t home = slot_of(t, t->slots[i].key);
+        if (((i - home) & (t->capacity - 1)) >= ((i - hole) & (t->capacity - 1))) {
+            t->slots[hole] = t->slots[i];
+            t->slots[i].key = 0;
+            hole = i;
+        }
+    }
+    t->count--;
+    return 0;
+}
+
+tb_rma_status_t tb_rma_check(const tb_rma_table_t *t, uint64_t key, uint64_t addr, uint64_t len,
+                             uint32_t access, void **local)
+{
+    const tb_rma_region_t *r = find(t, key);
+
+    *local = NULL;
+    if (NULL == r) {
+        return TB_RMA_ENOKEY;
+    }
+    if ((r->access & access) != access) {
+        return TB_RMA_EACCES;
+    }
+    /* Written so that no sum can overflow. */
+    if (addr < r->base || addr - r->base > r->len || len > r->len - (addr - r->base)) {
+        return TB_RMA_ERANGE;
+    }
+    *local = (void *) (uintptr_t) addr;
+    return TB_RMA_OK;
+}
+
+const char *tb_rma_status_string(int status)
+{
+    switch (status) {
+    case TB_RMA_OK:
+        return "success";
+    case TB_RMA_ENOKEY:
+        return "no memory is registered under that key";
+    case TB_RMA_ERANGE:
+        return "the range is outside the registered memory";
+    case TB_RMA_EACCES:
+        return "the registered memory does not allow that access";
+    case TB_RMA_EPROTO:
+        return "malformed request";
+    default:
+        return "unknown status";
+    }
+}
