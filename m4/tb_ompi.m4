@@ -134,6 +134,30 @@ AC_DEFUN([TB_CHECK_OMPI], [
     LDFLAGS=$tb_save_LDFLAGS
     LIBS=$tb_save_LIBS
 
+    # Open MPI's inline atomics use 16-byte compare-and-swap when Open MPI
+    # was built for it (x86-64: -mcx16); without the same flag the compiler
+    # calls a libatomic helper the component cannot load.
+    OMPI_CFLAGS=
+    tb_save_CPPFLAGS=$CPPFLAGS
+    CPPFLAGS="$CPPFLAGS $OMPI_CPPFLAGS"
+    AC_COMPUTE_INT([tb_opal_cas128], [OPAL_HAVE_SYNC_BUILTIN_CSWAP_INT128 + 0],
+                   [[#include "opal_config.h"]], [tb_opal_cas128=0])
+    CPPFLAGS=$tb_save_CPPFLAGS
+    AS_IF([test "$tb_opal_cas128" = 1],
+          [AC_MSG_CHECKING([for the flag 16-byte compare-and-swap needs])
+           AC_LINK_IFELSE([AC_LANG_PROGRAM([[__int128 v;]],
+                              [[return __sync_bool_compare_and_swap(&v, (__int128) 0, (__int128) 1);]])],
+               [AC_MSG_RESULT([none])],
+               [tb_save_CFLAGS=$CFLAGS
+                CFLAGS="$CFLAGS -mcx16"
+                AC_LINK_IFELSE([AC_LANG_PROGRAM([[__int128 v;]],
+                                   [[return __sync_bool_compare_and_swap(&v, (__int128) 0, (__int128) 1);]])],
+                    [AC_MSG_RESULT([-mcx16])
+                     OMPI_CFLAGS=-mcx16],
+                    [AC_MSG_RESULT([unknown])
+                     AC_MSG_ERROR([Open MPI uses 16-byte compare-and-swap but $CC cannot link it])])
+                CFLAGS=$tb_save_CFLAGS])])
+
     AC_MSG_CHECKING([where to install the component])
     AS_IF([test -n "$with_mca_component_dir" && test "$with_mca_component_dir" != yes],
           [TB_MCA_COMPONENT_DIR=$with_mca_component_dir],
@@ -153,6 +177,7 @@ AC_DEFUN([TB_CHECK_OMPI], [
     AC_MSG_RESULT([$TB_MCA_HELP_DIR])
 
     AC_SUBST([TB_DISTCHECK_EXTRA_FLAGS])
+    AC_SUBST([OMPI_CFLAGS])
     AC_SUBST([OMPI_CPPFLAGS])
     AC_SUBST([OMPI_LDFLAGS])
     AC_SUBST([OMPI_LIBS])
