@@ -5,6 +5,7 @@
 #include "tb_verbs.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,10 +43,12 @@ static const struct {
 int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
 {
     const char *dlerr;
+    bool named;
     size_t i;
 
     memset(verbs, 0, sizeof(*verbs));
-    if (NULL == path || '\0' == path[0]) {
+    named = NULL != path && '\0' != path[0];
+    if (!named) {
         path = tb_verbs_default_library();
     }
     if (strlen(path) >= sizeof(verbs->path)) {
@@ -68,7 +71,15 @@ int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
     }
 
     for (i = 0; i < sizeof(verbs_symbols) / sizeof(verbs_symbols[0]); ++i) {
-        void *sym = dlsym(verbs->handle, verbs_symbols[i].name);
+        /* With the default library, a definition already in the process's
+         * global scope wins: the application's own verbs library, or an
+         * interposer preloaded in front of it (the virtual cluster's strict
+         * mode, tracing tools), which calling the loaded copy directly would
+         * bypass.  A library the user named is used as it is. */
+        void *sym = named ? NULL : dlsym(RTLD_DEFAULT, verbs_symbols[i].name);
+        if (NULL == sym) {
+            sym = dlsym(verbs->handle, verbs_symbols[i].name);
+        }
         if (NULL == sym) {
             snprintf(err, errlen,
                      "the verbs library %s has no %s: it is not a verbs library, or too old "

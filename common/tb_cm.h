@@ -1,0 +1,103 @@
+/*
+ * tbrdma common layer: connection setup over a TCP side channel.
+ *
+ * Two processes exchange their connection address blobs (tb_wire_addr_t)
+ * before their QPs can talk.  Each process runs one tb_cm: it listens on a
+ * TCP port (the BTL publishes IPv4 and port in the modex) and, to reach a
+ * peer, connects to the peer's port and sends a request:
+ *
+ *   requester -> responder   REQUEST: its identity, its blob
+ *   responder -> requester   REPLY:   status, its identity, its blob
+ *
+ * (one fixed-size, versioned, little-endian message each way).  The
+ * responder's owner is asked to create its side of the connection (accept
+ * callback) and supplies the blob for the reply; both owners then learn the
+ * peer's blob through the done callback and call tb_conn_connect().
+ *
+ * Simultaneous connect: when A and B request each other at once, the side
+ * with the smaller identity (shorter first, then bytewise) keeps its own
+ * request and refuses the other with COLLISION; the larger side answers the
+ * winner's request with the blob of its own pending request and completes
+ * that request with the winner's blob.  Each side's owner sees exactly one
+ * done callback for its request and no accept callback.
+ *
+ * Everything is non-blocking: sockets are polled by tb_cm_progress(), every
+ * exchange has a deadline, malformed messages are refused and never reach
+ * the owner.  Not thread safe.  Callbacks run inside tb_cm_progress() (and
+ * tb_cm_destroy()); they may call tb_cm_connect(), not tb_cm_destroy().
+ */
+#ifndef TB_CM_H
+#define TB_CM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tb_wire.h"
+
+#define TB_CM_ID_MAX 64
+#define TB_CM_VERSION 1
+
+enum {
+    TB_CM_OK = 0,
+    TB_CM_EINVAL = -1,     /* bad argument */
+    TB_CM_EUNREACH = -2,   /* TCP connection to the peer failed */
+    TB_CM_EREFUSED = -3,   /* the peer's owner refused the connection */
+    TB_CM_ETIMEDOUT = -4,  /* no complete answer before the deadline */
+    TB_CM_EPROTO = -5,     /* malformed or incompatible message */
+    TB_CM_ECLOSED = -6,    /* the peer closed the socket mid-exchange */
+    TB_CM_ECANCELED = -7,  /* canceled locally */
+    TB_CM_EWRONGPEER = -8, /* the process at that address has another identity */
+    TB_CM_ESYS = -9,       /* a socket call failed (errno in the message) */
+};
+
+const char *tb_cm_strerror(int status);
+
+typedef struct tb_cm tb_cm_t;
+
+typedef struct tb_cm_callbacks {
+    void *ctx;
+    /* A peer asks for a connection.  Create the local side, write its blob
+     * to *local and an owner pointer to *user (given back in done), return
+     * 0; or return non-zero to refuse. */
+    int (*accept)(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
+                  tb_wire_addr_t *local, void **user);
+    /* The exchange for user ended: TB_CM_OK with the peer's blob (then call
+     * tb_conn_connect), or an error and a sentence for the user (peer is
+     * NULL).  Called exactly once per tb_cm_connect() and per accepted
+     * request, unless canceled with tb_cm_cancel(). */
+    void (*done)(void *ctx, void *user, int status, const tb_wire_addr_t *peer, const char *why);
+} tb_cm_callbacks_t;
+
+typedef struct tb_cm_params {
+    const char *bind_ip;   /* dotted IPv4 to listen on; NULL or "" for any */
+    uint16_t port;         /* 0: ephemeral */
+    const void *id;        /* this process's identity, 1..TB_CM_ID_MAX opaque bytes */
+    size_t id_len;
+    uint64_t timeout_ns;   /* deadline of one exchange */
+    unsigned max_sessions; /* sockets open at once; more incoming ones are closed */
+} tb_cm_params_t;
+
+/* Listen.  0 or a TB_CM_* error (logged with what to do). */
+int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_cm_t **out);
+
+/* Complete every pending exchange with TB_CM_ECANCELED, close all sockets. */
+void tb_cm_destroy(tb_cm_t *cm);
+
+/* The port listened on (host byte order). */
+uint16_t tb_cm_port(const tb_cm_t *cm);
+
+/* Request a connection to the process peer_id listening at ip:port, sending
+ * local.  The outcome comes through done(user).  0, or an error at once
+ * (no callback then). */
+int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_id,
+                  size_t id_len, const tb_wire_addr_t *local, void *user, uint64_t now_ns);
+
+/* Forget every exchange of user without calling done (the owner is going
+ * away). */
+void tb_cm_cancel(tb_cm_t *cm, void *user);
+
+/* Accept, read, write, time out; never blocks.  Returns the number of
+ * callbacks made. */
+int tb_cm_progress(tb_cm_t *cm, uint64_t now_ns);
+
+#endif /* TB_CM_H */
