@@ -3,24 +3,83 @@
  *
  * One module per usable RDMA device (one per Thunderbolt cable), so ob1
  * stripes large messages across cables by itself.  The transport proper
- * (devices, framing, reliability) is in common/, free of Open MPI.
+ * (devices, framing, reliability, connection setup) is in common/, free of
+ * Open MPI; this component adapts it: descriptors, the modex, reachability,
+ * and put/get emulated over the channel (Apple's RDMA has only SEND).
  */
 #ifndef BTL_TBRDMA_H
 #define BTL_TBRDMA_H
 
 #include "btl_tbrdma_compat.h"
 
+#include "opal/class/opal_free_list.h"
+#include "opal/class/opal_hash_table.h"
+#include "opal/class/opal_list.h"
 #include "opal/mca/btl/base/base.h"
+#include "opal/util/proc.h"
 
+#include "tb_channel.h"
 #include "tb_device.h"
+#include "tb_rma.h"
+#include "tb_cm.h"
+#include "tb_domain.h"
 #include "tb_tunables.h"
 
 BEGIN_C_DECLS
 
-typedef struct mca_btl_tbrdma_module_t {
+/* What a channel completion cookie points at. */
+typedef enum {
+    TBRDMA_COOKIE_FRAG = 1, /* a send descriptor (btl_tbrdma_frag.h) */
+    TBRDMA_COOKIE_RMA = 2,  /* a put or get this process started */
+    TBRDMA_COOKIE_REPLY = 3, /* a reply to a peer's put or get */
+} mca_btl_tbrdma_cookie_kind_t;
+
+typedef struct mca_btl_tbrdma_cookie_t {
+    int kind;
+} mca_btl_tbrdma_cookie_t;
+
+typedef struct mca_btl_tbrdma_module_t mca_btl_tbrdma_module_t;
+
+/* A registration as the peer sees it: what it names in a put or get. */
+struct mca_btl_base_registration_handle_t {
+    uint64_t key;
+    uint64_t base;
+    uint64_t len;
+};
+
+typedef enum {
+    TBRDMA_EP_IDLE = 0,   /* no connection yet (made on first use) */
+    TBRDMA_EP_CONNECTING, /* connection requested; sends queue in the channel */
+    TBRDMA_EP_CONNECTED,
+    TBRDMA_EP_FAILED,     /* the peer or the cable is gone; sends fail */
+} mca_btl_tbrdma_ep_state_t;
+
+struct mca_btl_base_endpoint_t {
+    opal_list_item_t super;
+    mca_btl_tbrdma_module_t *module;
+    opal_proc_t *proc;
+    opal_process_name_t name;
+    struct in_addr peer_ipv4; /* the far end of this module's cable */
+    uint16_t peer_cm_port;
+    mca_btl_tbrdma_ep_state_t state;
+    tb_conn_t *conn;
+    opal_list_t rma_pending; /* puts and gets awaiting their reply, in order */
+    uint64_t next_rma_id;
+};
+typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
+OBJ_CLASS_DECLARATION(mca_btl_base_endpoint_t);
+
+struct mca_btl_tbrdma_module_t {
     mca_btl_base_module_t super;
     tb_device_t *device; /* owned by the component's device list */
-} mca_btl_tbrdma_module_t;
+    int index;           /* in the component's module array and the modex */
+    tb_domain_t *domain;
+    tb_cm_t *cm;
+    uint16_t cm_port;
+    opal_list_t endpoints;
+    opal_hash_table_t endpoint_by_name; /* opal_process_name_t as uint64 */
+    mca_btl_base_module_error_cb_fn_t error_cb;
+};
 
 typedef struct mca_btl_tbrdma_component_t {
     mca_btl_base_component_t super;
@@ -35,7 +94,19 @@ typedef struct mca_btl_tbrdma_component_t {
     tb_device_list_t devices;
     int num_modules;
     mca_btl_tbrdma_module_t **modules;
+
+    opal_recursive_mutex_t lock; /* the channel is not thread safe */
+    opal_free_list_t eager_frags;
+    opal_free_list_t max_frags;
+    size_t eager_frag_size;
+    size_t max_frag_size;
+    tb_rma_table_t rma; /* memory exposed to peers' put/get */
+    bool started;       /* lock, lists and table exist */
 } mca_btl_tbrdma_component_t;
+
+/* Largest single put or get: the channel assembles it whole, so it is kept
+ * well under the channel's message limit. */
+#define TBRDMA_RMA_LIMIT (16u << 20)
 
 OPAL_MODULE_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 
@@ -44,8 +115,69 @@ extern mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template;
 /* Help file name for opal_show_help(). */
 #define BTL_TBRDMA_HELP_FILE "help-mpi-btl-tbrdma.txt"
 
+/* Print a message from the help file on this process's stderr.  Open MPI
+ * 4.x's show_help relay to mpirun can lose a message sent shortly before a
+ * process aborts (open-mpi/ompi#8356), exactly when these are needed. */
+void mca_btl_tbrdma_show_help(const char *topic, ...);
+
 #define BTL_TBRDMA_VERBOSE(level, ...) \
     opal_output_verbose(level, opal_btl_base_framework.framework_output, "btl:tbrdma: " __VA_ARGS__)
+
+/* Module operations (btl_tbrdma_module.c). */
+int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size_t errlen);
+void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module);
+int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now);
+/* A whole message from the peer, in order: hand it to ob1 or serve it. */
+void mca_btl_tbrdma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
+                            size_t len);
+/* A channel send completed. */
+void mca_btl_tbrdma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, int status);
+
+mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_module_t *module,
+                                                             const opal_process_name_t *name);
+/* The endpoint of proc on this module's cable: the existing one, or one made
+ * from proc's modex entry; NULL when proc has no device on this cable. */
+mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_module_t *module,
+                                                            opal_proc_t *proc);
+uint64_t mca_btl_tbrdma_now_ns(void);
+
+/* Endpoints and connections (btl_tbrdma_endpoint.c). */
+mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
+                                                        opal_proc_t *proc,
+                                                        struct in_addr peer_ipv4,
+                                                        uint16_t peer_cm_port);
+void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *endpoint);
+/* Queue a message to the peer, connecting first if needed.  OPAL_SUCCESS
+ * (completion via mca_btl_tbrdma_send_done), OPAL_ERR_UNREACH once the peer
+ * failed, or OPAL_ERR_OUT_OF_RESOURCE. */
+int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
+                                 const struct iovec *iov, int iovcnt, void *cookie);
+
+/* put/get emulated over the channel (btl_tbrdma_rdma.c). */
+int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                       void *local_address, uint64_t remote_address,
+                       mca_btl_base_registration_handle_t *local_handle,
+                       mca_btl_base_registration_handle_t *remote_handle, size_t size, int flags,
+                       int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                       void *cbdata);
+int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                       void *local_address, uint64_t remote_address,
+                       mca_btl_base_registration_handle_t *local_handle,
+                       mca_btl_base_registration_handle_t *remote_handle, size_t size, int flags,
+                       int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                       void *cbdata);
+mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_module_t *btl,
+                                                                mca_btl_base_endpoint_t *endpoint,
+                                                                void *base, size_t size,
+                                                                uint32_t flags);
+int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
+                                  mca_btl_base_registration_handle_t *handle);
+/* A peer's RMA message (tags below TB_TAG_FIRST_USER). */
+void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
+                                size_t len);
+void mca_btl_tbrdma_rma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, int status);
+/* The peer is gone: fail every put and get awaiting it. */
+void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int status);
 
 END_C_DECLS
 

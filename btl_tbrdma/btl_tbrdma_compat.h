@@ -11,11 +11,50 @@
 #include "opal/mca/btl/btl.h"
 
 #if BTL_VERSION == 310
+#    include "opal/mca/pmix/pmix.h"
 #    include "opal/threads/mutex.h"
+#    define TBRDMA_MODEX_SCOPE OPAL_PMIX_GLOBAL
+/* 4.1 has no remote-completion flag: ob1 there never asks for it. */
+#    define TBRDMA_BTL_FLAGS_REMOTE_COMPLETION 0
 #elif BTL_VERSION == 330
+#    include "opal/mca/pmix/pmix-internal.h"
 #    include "opal/mca/threads/mutex.h"
+#    define TBRDMA_MODEX_SCOPE PMIX_GLOBAL
+/* A put completes when the target acknowledged writing it. */
+#    define TBRDMA_BTL_FLAGS_REMOTE_COMPLETION MCA_BTL_FLAGS_RDMA_REMOTE_COMPLETION
 #else
 #    error "tbrdma supports BTL interface 3.1.0 (Open MPI 4.1) and 3.3.0 (Open MPI 5.0)"
 #endif
+
+/* Hand a received message to the callback registered for its tag: 4.1
+ * passes a descriptor, 5.0 a receive descriptor naming the endpoint. */
+static inline void tbrdma_compat_deliver(mca_btl_base_module_t *btl,
+                                         struct mca_btl_base_endpoint_t *endpoint, uint8_t tag,
+                                         mca_btl_base_segment_t *segment)
+{
+    const mca_btl_active_message_callback_t *reg = mca_btl_base_active_message_trigger + tag;
+#if BTL_VERSION == 310
+    mca_btl_base_descriptor_t des;
+
+    (void) endpoint;
+    des.des_segments = segment;
+    des.des_segment_count = 1;
+    des.des_cbfunc = NULL;
+    des.des_cbdata = NULL;
+    des.des_context = NULL;
+    des.des_flags = 0;
+    des.order = MCA_BTL_NO_ORDER;
+    reg->cbfunc(btl, tag, &des, reg->cbdata);
+#else
+    mca_btl_base_receive_descriptor_t des = {
+        .endpoint = endpoint,
+        .des_segments = segment,
+        .des_segment_count = 1,
+        .tag = tag,
+        .cbdata = reg->cbdata,
+    };
+    reg->cbfunc(btl, &des);
+#endif
+}
 
 #endif /* BTL_TBRDMA_COMPAT_H */

@@ -3,6 +3,7 @@
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"
+#include "btl_tbrdma_frag.h"
 
 #include "opal/mca/base/mca_base_var.h"
 #include "opal/mca/base/mca_base_var_enum.h"
@@ -15,6 +16,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +141,17 @@ static int tbrdma_component_register(void)
     m->btl_eager_limit = 4 * 1024 - 64;
     m->btl_rndv_eager_limit = m->btl_eager_limit;
     m->btl_max_send_size = 64 * 1024 - 64;
-    m->btl_flags = MCA_BTL_FLAGS_SEND;
+    m->btl_rdma_pipeline_send_length = 64 * 1024;
+    m->btl_rdma_pipeline_frag_size = TBRDMA_RMA_LIMIT;
+    m->btl_min_rdma_pipeline_size = 256 * 1024;
+    m->btl_flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_PUT | MCA_BTL_FLAGS_GET |
+                   TBRDMA_BTL_FLAGS_REMOTE_COMPLETION;
+    m->btl_registration_handle_size = sizeof(mca_btl_base_registration_handle_t);
+    m->btl_put_limit = TBRDMA_RMA_LIMIT;
+    m->btl_get_limit = TBRDMA_RMA_LIMIT;
+    /* Emulated put/get copy from and to any local memory. */
+    m->btl_put_local_registration_threshold = SIZE_MAX;
+    m->btl_get_local_registration_threshold = SIZE_MAX;
     return mca_btl_base_param_register(&c->super.btl_version, m);
 }
 
@@ -179,12 +191,101 @@ static int tbrdma_component_close(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
 
+    if (c->started) {
+        mca_btl_tbrdma_frag_lists_fini();
+        tb_rma_table_fini(&c->rma);
+        OBJ_DESTRUCT(&c->lock);
+        c->started = false;
+    }
     free(c->modules);
     c->modules = NULL;
     c->num_modules = 0;
     tb_device_list_close(&c->devices);
     tb_log_set_sink(NULL, NULL, TB_LOG_WARN);
     return OPAL_SUCCESS;
+}
+
+static int tbrdma_component_progress(void)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    uint64_t now = mca_btl_tbrdma_now_ns();
+    int i, n = 0;
+
+    OPAL_THREAD_LOCK(&c->lock);
+    for (i = 0; i < c->num_modules; ++i) {
+        n += mca_btl_tbrdma_module_progress(c->modules[i], now);
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
+    return n;
+}
+
+/* Tell every peer where this process's cables end and where to ask for a
+ * connection (tb_wire.h, modex). */
+static int publish_modex(void)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    size_t size = sizeof(tb_wire_modex_t) + (size_t) c->num_modules * sizeof(tb_wire_modex_dev_t);
+    tb_wire_modex_t *mx = calloc(1, size);
+    int i, rc;
+
+    if (NULL == mx) {
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    mx->magic = tb_wire_le32(TB_WIRE_MODEX_MAGIC);
+    mx->version = TB_WIRE_MODEX_VERSION;
+    mx->ndevices = (uint8_t) c->num_modules;
+    for (i = 0; i < c->num_modules; ++i) {
+        const tb_device_t *dev = c->modules[i]->device;
+        mx->devices[i].ipv4 = dev->ipv4.s_addr;
+        mx->devices[i].netmask = dev->netmask.s_addr;
+        memcpy(mx->devices[i].gid, dev->gid.raw, sizeof(mx->devices[i].gid));
+        mx->devices[i].cm_port = tb_wire_le16(c->modules[i]->cm_port);
+    }
+    OPAL_MODEX_SEND(rc, TBRDMA_MODEX_SCOPE, &c->super.btl_version, mx, size);
+    free(mx);
+    return rc;
+}
+
+/* Frames, descriptors and the exposed-memory table, once devices exist. */
+static int start_component(char *err, size_t errlen)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_module_t *m = &mca_btl_tbrdma_module_template.super;
+
+    c->eager_frag_size = m->btl_eager_limit;
+    c->max_frag_size = m->btl_max_send_size;
+    OBJ_CONSTRUCT(&c->lock, opal_recursive_mutex_t);
+    if (0 != tb_rma_table_init(&c->rma, 0)) {
+        snprintf(err, errlen, "out of memory");
+        goto lock;
+    }
+    if (OPAL_SUCCESS != mca_btl_tbrdma_frag_lists_init()) {
+        snprintf(err, errlen, "cannot allocate send descriptors");
+        goto rma;
+    }
+    c->started = true;
+    return OPAL_SUCCESS;
+
+rma:
+    tb_rma_table_fini(&c->rma);
+lock:
+    OBJ_DESTRUCT(&c->lock);
+    return OPAL_ERROR;
+}
+
+void mca_btl_tbrdma_show_help(const char *topic, ...)
+{
+    va_list ap;
+    char *text;
+
+    va_start(ap, topic);
+    text = opal_show_help_vstring(BTL_TBRDMA_HELP_FILE, topic, true, ap);
+    va_end(ap);
+    if (text) {
+        fputs(text, stderr);
+        fflush(stderr);
+        free(text);
+    }
 }
 
 /* True when the user listed tbrdma by name and no other network BTL beside
@@ -216,11 +317,19 @@ static bool tbrdma_is_the_only_network(void)
     return named && !others;
 }
 
+/* Host-wide conditions are reported once per host, by its first process:
+ * one message is clearer than one per rank, and Open MPI 4.x can lose help
+ * messages that many ranks send at once (open-mpi/ompi#8356). */
+static bool reports_for_host(void)
+{
+    return opal_process_info.my_local_rank <= 0;
+}
+
 static void report_no_device(const char *why)
 {
     BTL_TBRDMA_VERBOSE(1, "disqualifying myself on %s: %s", opal_process_info.nodename, why);
-    if (tbrdma_is_the_only_network()) {
-        opal_show_help(BTL_TBRDMA_HELP_FILE, "no usable device", true, opal_process_info.nodename,
+    if (reports_for_host() && tbrdma_is_the_only_network()) {
+        mca_btl_tbrdma_show_help("no usable device", opal_process_info.nodename,
                        why);
     }
 }
@@ -258,8 +367,9 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
 
     *num_btls = 0;
     if (0 != load_tunables(err, sizeof(err))) {
-        opal_show_help(BTL_TBRDMA_HELP_FILE, "invalid parameter", true,
-                       opal_process_info.nodename, err);
+        if (reports_for_host()) {
+            mca_btl_tbrdma_show_help("invalid parameter", opal_process_info.nodename, err);
+        }
         return NULL;
     }
     (void) tb_namefilter_parse(&filter, c->tunables.if_include, c->tunables.if_exclude, err,
@@ -281,6 +391,10 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         goto close;
     }
 
+    if (OPAL_SUCCESS != start_component(err, sizeof(err))) {
+        opal_output(0, "btl:tbrdma on %s: %s", opal_process_info.nodename, err);
+        goto close;
+    }
     c->modules = calloc((size_t) usable, sizeof(*c->modules));
     if (NULL == c->modules) {
         opal_output(0, "btl:tbrdma: out of memory creating %d modules", usable);
@@ -300,10 +414,27 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         }
         *module = mca_btl_tbrdma_module_template;
         module->device = &c->devices.devices[i];
+        module->index = c->num_modules;
+        if (OPAL_SUCCESS != mca_btl_tbrdma_module_start(module, err, sizeof(err))) {
+            opal_output(0, "btl:tbrdma on %s: not using %s: %s", opal_process_info.nodename,
+                        module->device->name, err);
+            free(module);
+            continue;
+        }
         c->modules[c->num_modules++] = module;
         BTL_TBRDMA_VERBOSE(10, "module for device %s (interface %s)", module->device->name,
                            module->device->netdev);
     }
+    if (0 == c->num_modules) {
+        report_no_device("no RDMA device could be opened for traffic (see above)");
+        goto free_modules;
+    }
+    if (OPAL_SUCCESS != publish_modex()) {
+        opal_output(0, "btl:tbrdma on %s: cannot publish its addresses (modex)",
+                    opal_process_info.nodename);
+        goto free_modules;
+    }
+    c->super.btl_progress = tbrdma_component_progress;
     /* Open MPI frees the array it is given; the component keeps its own. */
     result = malloc((size_t) c->num_modules * sizeof(*result));
     if (NULL == result) {
@@ -317,6 +448,7 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
 
 free_modules:
     for (i = 0; i < c->num_modules; ++i) {
+        mca_btl_tbrdma_module_stop(c->modules[i]);
         free(c->modules[i]);
     }
     free(c->modules);

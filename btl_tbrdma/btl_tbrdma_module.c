@@ -1,53 +1,343 @@
 /*
- * tbrdma BTL: one module per RDMA device.
+ * tbrdma BTL: one module per RDMA device (cable).
  *
- * The data path (endpoints, eager and rendezvous sends over the reliable
- * channel) is not built yet, so add_procs reaches no peer and ob1 uses the
- * job's other BTLs; the module exists so that devices are opened, counted
- * and reported from the start.
+ * The send path: ob1's descriptors are fragments (btl_tbrdma_frag.h) handed
+ * to the endpoint's reliable channel, which completes them once the peer has
+ * acknowledged every byte.  Received messages come back whole and in order
+ * and go straight to ob1's callback from the channel's receive buffer.
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"
+#include "btl_tbrdma_frag.h"
 
 #include "opal/class/opal_bitmap.h"
+#include "opal/datatype/opal_convertor.h"
+#include "opal/util/show_help.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+static uint64_t name_key(const opal_process_name_t *name)
+{
+    uint64_t key;
+
+    memcpy(&key, name, sizeof(key));
+    return key;
+}
+
+/* The peer's end of this module's cable, from the peer's modex entry: the
+ * one device of the peer whose address lies in this cable's subnet. */
+static int peer_on_my_cable(mca_btl_tbrdma_module_t *module, const tb_wire_modex_t *mx,
+                            size_t size, struct in_addr *ip, uint16_t *port)
+{
+    const tb_device_t *dev = module->device;
+    uint32_t mask = dev->netmask.s_addr, net = dev->ipv4.s_addr & mask;
+    int i;
+
+    if (size < sizeof(*mx) || TB_WIRE_MODEX_MAGIC != tb_wire_le32(mx->magic) ||
+        TB_WIRE_MODEX_VERSION != mx->version || mx->ndevices > TB_WIRE_MODEX_MAX_DEVICES ||
+        size != sizeof(*mx) + mx->ndevices * sizeof(mx->devices[0])) {
+        return -1;
+    }
+    for (i = 0; i < mx->ndevices; ++i) {
+        const tb_wire_modex_dev_t *pd = &mx->devices[i];
+        if (0 != mask && (pd->ipv4 & mask) == net && pd->ipv4 != dev->ipv4.s_addr) {
+            ip->s_addr = pd->ipv4;
+            *port = tb_wire_le16(pd->cm_port);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_module_t *module,
+                                                             const opal_process_name_t *name)
+{
+    void *ep = NULL;
+
+    if (OPAL_SUCCESS != opal_hash_table_get_value_uint64(&module->endpoint_by_name,
+                                                         name_key(name), &ep)) {
+        return NULL;
+    }
+    return ep;
+}
+
+mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_module_t *module,
+                                                            opal_proc_t *proc)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_endpoint_t *ep;
+    tb_wire_modex_t *mx = NULL;
+    size_t size = 0;
+    struct in_addr ip;
+    uint16_t port;
+    int rc;
+
+    ep = mca_btl_tbrdma_module_find_endpoint(module, &proc->proc_name);
+    if (NULL != ep) {
+        return ep;
+    }
+    OPAL_MODEX_RECV(rc, &c->super.btl_version, &proc->proc_name, (void **) &mx, &size);
+    if (OPAL_SUCCESS != rc || NULL == mx) {
+        return NULL;
+    }
+    rc = peer_on_my_cable(module, mx, size, &ip, &port);
+    free(mx);
+    if (0 != rc) {
+        BTL_TBRDMA_VERBOSE(20, "%s: no cable from %s to %s", module->device->name,
+                           opal_process_info.nodename, proc->proc_hostname);
+        return NULL;
+    }
+    return mca_btl_tbrdma_endpoint_create(module, proc, ip, port);
+}
 
 static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                             struct opal_proc_t **procs, struct mca_btl_base_endpoint_t **peers,
                             opal_bitmap_t *reachable)
 {
     mca_btl_tbrdma_module_t *module = (mca_btl_tbrdma_module_t *) btl;
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    int local_procs = (int) opal_process_info.num_local_peers + 1;
+    size_t i, nreach;
 
-    BTL_TBRDMA_VERBOSE(10, "device %s: no data path yet, %zu peer(s) left to other BTLs",
-                       module->device->name, nprocs);
+    OPAL_THREAD_LOCK(&c->lock);
+    for (i = 0; i < nprocs; ++i) {
+        peers[i] = NULL;
+        if (procs[i] == opal_proc_local_get() || OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags)) {
+            continue;
+        }
+        peers[i] = mca_btl_tbrdma_module_endpoint_for(module, procs[i]);
+    }
+
+    /* Every process of this host may connect to every peer across this
+     * cable, each connection taking one queue pair per lane from the
+     * device's limit (shared by the whole host). */
+    nreach = opal_list_get_size(&module->endpoints);
+    if ((size_t) local_procs * nreach * (size_t) c->tunables.lanes >
+        (size_t) c->tunables.qps_per_device) {
+        mca_btl_tbrdma_show_help("queue pair budget", opal_process_info.nodename, module->device->name, local_procs,
+                       (int) nreach, c->tunables.lanes,
+                       local_procs * (int) nreach * c->tunables.lanes,
+                       c->tunables.qps_per_device);
+        for (i = 0; i < nprocs; ++i) {
+            peers[i] = NULL;
+        }
+        OPAL_THREAD_UNLOCK(&c->lock);
+        return OPAL_SUCCESS;
+    }
+    for (i = 0; i < nprocs; ++i) {
+        if (peers[i] && reachable) {
+            opal_bitmap_set_bit(reachable, (int) i);
+        }
+    }
+    OPAL_THREAD_UNLOCK(&c->lock);
     return OPAL_SUCCESS;
 }
 
 static int tbrdma_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                             struct opal_proc_t **procs, struct mca_btl_base_endpoint_t **peers)
 {
+    size_t i;
+
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    for (i = 0; i < nprocs; ++i) {
+        if (peers[i]) {
+            mca_btl_tbrdma_endpoint_release(peers[i]);
+        }
+    }
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
     return OPAL_SUCCESS;
 }
 
 static int tbrdma_register_error(struct mca_btl_base_module_t *btl,
                                  mca_btl_base_module_error_cb_fn_t cbfunc)
 {
+    ((mca_btl_tbrdma_module_t *) btl)->error_cb = cbfunc;
     return OPAL_SUCCESS;
+}
+
+static mca_btl_base_descriptor_t *tbrdma_alloc(struct mca_btl_base_module_t *btl,
+                                               struct mca_btl_base_endpoint_t *endpoint,
+                                               uint8_t order, size_t size, uint32_t flags)
+{
+    mca_btl_tbrdma_frag_t *frag = mca_btl_tbrdma_frag_alloc(endpoint, size);
+
+    if (NULL == frag) {
+        return NULL;
+    }
+    frag->base.des_flags = flags;
+    return &frag->base;
+}
+
+static int tbrdma_free(struct mca_btl_base_module_t *btl, mca_btl_base_descriptor_t *des)
+{
+    mca_btl_tbrdma_frag_return((mca_btl_tbrdma_frag_t *) des);
+    return OPAL_SUCCESS;
+}
+
+static mca_btl_base_descriptor_t *tbrdma_prepare_src(struct mca_btl_base_module_t *btl,
+                                                     struct mca_btl_base_endpoint_t *endpoint,
+                                                     struct opal_convertor_t *convertor,
+                                                     uint8_t order, size_t reserve, size_t *size,
+                                                     uint32_t flags)
+{
+    size_t max = mca_btl_tbrdma_component.max_frag_size;
+    mca_btl_tbrdma_frag_t *frag;
+    uint32_t iov_count = 1;
+    struct iovec iov;
+    size_t packed;
+
+    if (reserve >= max) {
+        return NULL;
+    }
+    if (*size > max - reserve) {
+        *size = max - reserve;
+    }
+    frag = mca_btl_tbrdma_frag_alloc(endpoint, reserve + *size);
+    if (NULL == frag) {
+        return NULL;
+    }
+    iov.iov_base = (char *) frag->segment.seg_addr.pval + reserve;
+    iov.iov_len = *size;
+    packed = *size;
+    if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0) {
+        mca_btl_tbrdma_frag_return(frag);
+        return NULL;
+    }
+    *size = packed;
+    frag->segment.seg_len = reserve + packed;
+    frag->base.des_flags = flags;
+    return &frag->base;
+}
+
+static int send_frag(struct mca_btl_base_endpoint_t *endpoint, mca_btl_tbrdma_frag_t *frag,
+                     mca_btl_base_tag_t tag)
+{
+    struct iovec iov;
+
+    iov.iov_base = frag->segment.seg_addr.pval;
+    iov.iov_len = frag->segment.seg_len;
+    return mca_btl_tbrdma_endpoint_send(endpoint, tag, &iov, 1, &frag->cookie);
+}
+
+static int tbrdma_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
+                       mca_btl_base_descriptor_t *des, mca_btl_base_tag_t tag)
+{
+    int rc;
+
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    rc = send_frag(endpoint, (mca_btl_tbrdma_frag_t *) des, tag);
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    return rc;
+}
+
+static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
+                        struct opal_convertor_t *convertor, void *header, size_t header_size,
+                        size_t payload_size, uint8_t order, uint32_t flags,
+                        mca_btl_base_tag_t tag, mca_btl_base_descriptor_t **descriptor)
+{
+    mca_btl_tbrdma_frag_t *frag;
+    size_t total = header_size + payload_size;
+    int rc;
+
+    if (descriptor) {
+        *descriptor = NULL;
+    }
+    if (total > btl->btl_eager_limit || TBRDMA_EP_FAILED == endpoint->state) {
+        return TBRDMA_EP_FAILED == endpoint->state ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    frag = mca_btl_tbrdma_frag_alloc(endpoint, total);
+    if (NULL == frag) {
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    memcpy(frag->segment.seg_addr.pval, header, header_size);
+    if (payload_size) {
+        uint32_t iov_count = 1;
+        struct iovec iov = {.iov_base = (char *) frag->segment.seg_addr.pval + header_size,
+                            .iov_len = payload_size};
+        size_t packed = payload_size;
+        if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
+            packed != payload_size) {
+            mca_btl_tbrdma_frag_return(frag);
+            return OPAL_ERROR;
+        }
+    }
+    frag->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP | flags;
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    rc = send_frag(endpoint, frag, tag);
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    if (OPAL_SUCCESS != rc) {
+        mca_btl_tbrdma_frag_return(frag);
+    }
+    return rc;
+}
+
+/* put/get complete through callbacks: wait until none is outstanding. */
+static int tbrdma_flush(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint)
+{
+    mca_btl_tbrdma_module_t *module = (mca_btl_tbrdma_module_t *) btl;
+    mca_btl_base_endpoint_t *ep;
+    bool busy = true;
+
+    while (busy) {
+        busy = false;
+        OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+        OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
+            if ((NULL == endpoint || ep == endpoint) && !opal_list_is_empty(&ep->rma_pending)) {
+                busy = true;
+            }
+        }
+        OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+        if (busy) {
+            opal_progress();
+        }
+    }
+    return OPAL_SUCCESS;
+}
+
+void mca_btl_tbrdma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
+                            size_t len)
+{
+    mca_btl_base_segment_t segment;
+
+    if (tag < TB_TAG_FIRST_USER) {
+        mca_btl_tbrdma_rma_deliver(endpoint, tag, data, len);
+        return;
+    }
+    segment.seg_addr.pval = (void *) data;
+    segment.seg_len = len;
+    tbrdma_compat_deliver(&endpoint->module->super, endpoint, tag, &segment);
+}
+
+void mca_btl_tbrdma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, int status)
+{
+    mca_btl_tbrdma_cookie_t *c = cookie;
+    int rc = TB_CHAN_OK == status ? OPAL_SUCCESS : OPAL_ERR_UNREACH;
+
+    if (TBRDMA_COOKIE_FRAG == c->kind) {
+        mca_btl_tbrdma_frag_complete(
+            (mca_btl_tbrdma_frag_t *) ((char *) c - offsetof(mca_btl_tbrdma_frag_t, cookie)), rc);
+    } else {
+        mca_btl_tbrdma_rma_send_done(endpoint, cookie, rc);
+    }
 }
 
 static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_tbrdma_module_t *module = (mca_btl_tbrdma_module_t *) btl;
     int i;
 
+    OPAL_THREAD_LOCK(&c->lock);
+    mca_btl_tbrdma_module_stop(module);
     for (i = 0; i < c->num_modules; ++i) {
-        if (&c->modules[i]->super == btl) {
+        if (c->modules[i] == module) {
             c->modules[i] = c->modules[--c->num_modules];
             break;
         }
     }
-    free(btl);
+    OPAL_THREAD_UNLOCK(&c->lock);
+    free(module);
     return OPAL_SUCCESS;
 }
 
@@ -57,6 +347,16 @@ mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template = {
         .btl_add_procs = tbrdma_add_procs,
         .btl_del_procs = tbrdma_del_procs,
         .btl_finalize = tbrdma_finalize,
+        .btl_alloc = tbrdma_alloc,
+        .btl_free = tbrdma_free,
+        .btl_prepare_src = tbrdma_prepare_src,
+        .btl_send = tbrdma_send,
+        .btl_sendi = tbrdma_sendi,
+        .btl_put = mca_btl_tbrdma_put,
+        .btl_get = mca_btl_tbrdma_get,
+        .btl_register_mem = mca_btl_tbrdma_register_mem,
+        .btl_deregister_mem = mca_btl_tbrdma_deregister_mem,
         .btl_register_error = tbrdma_register_error,
+        .btl_flush = tbrdma_flush,
     },
 };

@@ -149,6 +149,37 @@ typedef struct __attribute__((packed)) tb_wire_rma_hdr {
 #define TB_WIRE_RMA_HDR_SIZE 40u
 _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header layout");
 
+/*
+ * What a process publishes about itself (Open MPI's modex): one entry per
+ * device it uses.  A peer finds the cable between them by subnet: each cable
+ * has its own small IPv4 subnet, so a local device and a peer device whose
+ * addresses share the local device's subnet are the two ends of one cable.
+ * cm_port is the TCP port (on that address) where connections are set up.
+ */
+#define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
+#define TB_WIRE_MODEX_VERSION 1
+#define TB_WIRE_MODEX_MAX_DEVICES 16
+
+typedef struct __attribute__((packed)) tb_wire_modex_dev {
+    uint32_t ipv4;    /* network byte order, as in struct in_addr */
+    uint32_t netmask; /* network byte order */
+    uint8_t gid[16];
+    uint16_t cm_port; /* little-endian, like every other integer here */
+    uint16_t reserved;
+    uint32_t reserved2;
+} tb_wire_modex_dev_t;
+
+typedef struct __attribute__((packed)) tb_wire_modex {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t ndevices;
+    uint16_t reserved;
+    tb_wire_modex_dev_t devices[]; /* ndevices entries */
+} tb_wire_modex_t;
+
+_Static_assert(sizeof(tb_wire_modex_dev_t) == 32, "modex device entry layout");
+_Static_assert(sizeof(tb_wire_modex_t) == 8, "modex header layout");
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 static inline uint16_t tb_wire_le16(uint16_t v) { return v; }
 static inline uint32_t tb_wire_le32(uint32_t v) { return v; }

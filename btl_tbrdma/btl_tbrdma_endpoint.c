@@ -1,0 +1,359 @@
+/*
+ * tbrdma BTL: endpoints (one per peer process reachable over a module's
+ * cable) and their connections.
+ *
+ * Connections are made lazily on the first send: the endpoint creates its
+ * reliable channel at once (sends queue in it) and asks the peer's
+ * connection manager (tb_cm, a TCP port on the cable's address published in
+ * the modex) for the peer's half; tb_cm settles two processes asking each
+ * other at once.  A channel that fails (peer dead, cable cut) fails its
+ * endpoint: pending operations complete with an error and ob1 is told,
+ * naming the peer and the cable.
+ */
+#include "tb_config.h"
+#include "btl_tbrdma.h"
+
+#include "opal/util/show_help.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void endpoint_construct(mca_btl_base_endpoint_t *ep)
+{
+    OBJ_CONSTRUCT(&ep->rma_pending, opal_list_t);
+    ep->conn = NULL;
+    ep->state = TBRDMA_EP_IDLE;
+    ep->next_rma_id = 1;
+}
+
+static void endpoint_destruct(mca_btl_base_endpoint_t *ep)
+{
+    OBJ_DESTRUCT(&ep->rma_pending);
+}
+
+OBJ_CLASS_INSTANCE(mca_btl_base_endpoint_t, opal_list_item_t, endpoint_construct,
+                   endpoint_destruct);
+
+uint64_t mca_btl_tbrdma_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+static uint64_t name_key(const opal_process_name_t *name)
+{
+    uint64_t key;
+
+    memcpy(&key, name, sizeof(key));
+    return key;
+}
+
+static void cable_string(const mca_btl_base_endpoint_t *ep, char *buf, size_t len)
+{
+    char mine[INET_ADDRSTRLEN], theirs[INET_ADDRSTRLEN];
+
+    inet_ntop(AF_INET, &ep->module->device->ipv4, mine, sizeof(mine));
+    inet_ntop(AF_INET, &ep->peer_ipv4, theirs, sizeof(theirs));
+    snprintf(buf, len, "%s (%s, %s) to %s", ep->module->device->name, ep->module->device->netdev,
+             mine, theirs);
+}
+
+/* The peer or the cable is gone.  Everything pending on the endpoint ends
+ * with an error, and ob1 learns it so the job stops with a clear reason
+ * instead of hanging. */
+static void endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
+{
+    mca_btl_tbrdma_module_t *module = ep->module;
+    char cable[160], info[512];
+
+    if (TBRDMA_EP_FAILED == ep->state) {
+        return;
+    }
+    ep->state = TBRDMA_EP_FAILED;
+    cable_string(ep, cable, sizeof(cable));
+    mca_btl_tbrdma_show_help("peer failed", opal_process_info.nodename,
+                   ep->proc->proc_hostname, cable, why);
+    mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
+    if (module->error_cb) {
+        snprintf(info, sizeof(info), "tbrdma: lost %s over cable %s: %s", ep->proc->proc_hostname,
+                 cable, why);
+        module->error_cb(&module->super, MCA_BTL_ERROR_FLAGS_FATAL, ep->proc, info);
+    }
+}
+
+static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
+{
+    mca_btl_tbrdma_deliver(ctx, tag, data, len);
+}
+
+static void chan_send_done(void *ctx, void *cookie, int status)
+{
+    mca_btl_tbrdma_send_done(ctx, cookie, status);
+}
+
+static void chan_error(void *ctx, int status, const char *why)
+{
+    endpoint_fail(ctx, why);
+}
+
+static void channel_params(tb_channel_params_t *p)
+{
+    const tb_tunables_t *t = &mca_btl_tbrdma_component.tunables;
+    unsigned lane;
+
+    tb_channel_params_default(p);
+    p->nlanes = (unsigned) t->lanes;
+    p->frame_size[0] = t->small_frame_size;
+    p->frame_size[1] = t->bulk_frame_size;
+    for (lane = 0; lane < TB_WIRE_MAX_LANES; ++lane) {
+        p->recv_depth[lane] = (unsigned) t->recv_depth;
+    }
+    p->recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
+    p->payload_crc = TB_CHECKSUM_FULL == t->checksum;
+    p->rto_min_ns = (uint64_t) t->rto_min_us * 1000u;
+    if (p->rto_max_ns < p->rto_min_ns) {
+        p->rto_max_ns = p->rto_min_ns;
+    }
+    p->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
+}
+
+/* Create the endpoint's connection (QPs, registered slots, channel). */
+static int endpoint_make_conn(mca_btl_base_endpoint_t *ep)
+{
+    tb_channel_callbacks_t cb = {
+        .ctx = ep,
+        .recv = chan_recv,
+        .send_done = chan_send_done,
+        .error = chan_error,
+    };
+    tb_channel_params_t params;
+    char cable[160];
+    int rc;
+
+    channel_params(&params);
+    rc = tb_conn_create(ep->module->domain, &params, &cb, &ep->conn);
+    if (0 != rc) {
+        cable_string(ep, cable, sizeof(cable));
+        mca_btl_tbrdma_show_help("connection failed", opal_process_info.nodename, ep->proc->proc_hostname, cable,
+                       -EBUSY == rc ? "the device's queue-pair budget is used up "
+                                      "(btl_tbrdma_qps_per_device, btl_tbrdma_lanes)"
+                                    : strerror(-rc));
+        ep->conn = NULL;
+        ep->state = TBRDMA_EP_FAILED;
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    ep->state = TBRDMA_EP_CONNECTING;
+    return OPAL_SUCCESS;
+}
+
+static int endpoint_start_connect(mca_btl_base_endpoint_t *ep)
+{
+    tb_wire_addr_t local;
+    char ip[INET_ADDRSTRLEN];
+    int rc;
+
+    rc = endpoint_make_conn(ep);
+    if (OPAL_SUCCESS != rc) {
+        return rc;
+    }
+    tb_conn_local_addr(ep->conn, &local);
+    inet_ntop(AF_INET, &ep->peer_ipv4, ip, sizeof(ip));
+    rc = tb_cm_connect(ep->module->cm, ip, ep->peer_cm_port, &ep->name, sizeof(ep->name), &local,
+                       ep, mca_btl_tbrdma_now_ns());
+    if (TB_CM_OK != rc) {
+        endpoint_fail(ep, tb_cm_strerror(rc));
+        return OPAL_ERR_UNREACH;
+    }
+    BTL_TBRDMA_VERBOSE(20, "connecting to %s at %s:%u over %s", ep->proc->proc_hostname, ip,
+                       (unsigned) ep->peer_cm_port, ep->module->device->name);
+    return OPAL_SUCCESS;
+}
+
+int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
+                                 const struct iovec *iov, int iovcnt, void *cookie)
+{
+    int rc;
+
+    if (TBRDMA_EP_FAILED == endpoint->state) {
+        return OPAL_ERR_UNREACH;
+    }
+    if (NULL == endpoint->conn) {
+        rc = endpoint_start_connect(endpoint);
+        if (OPAL_SUCCESS != rc) {
+            return rc;
+        }
+    }
+    rc = tb_channel_sendv(tb_conn_channel(endpoint->conn), tag, iov, iovcnt, cookie);
+    switch (rc) {
+    case TB_CHAN_OK:
+        return OPAL_SUCCESS;
+    case TB_CHAN_ENOMEM:
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    case TB_CHAN_EMSGSIZE:
+    case TB_CHAN_EINVAL:
+        return OPAL_ERR_BAD_PARAM;
+    default:
+        return OPAL_ERR_UNREACH;
+    }
+}
+
+mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
+                                                        opal_proc_t *proc,
+                                                        struct in_addr peer_ipv4,
+                                                        uint16_t peer_cm_port)
+{
+    mca_btl_base_endpoint_t *ep = OBJ_NEW(mca_btl_base_endpoint_t);
+
+    if (NULL == ep) {
+        return NULL;
+    }
+    ep->module = module;
+    ep->proc = proc;
+    ep->name = proc->proc_name;
+    ep->peer_ipv4 = peer_ipv4;
+    ep->peer_cm_port = peer_cm_port;
+    opal_list_append(&module->endpoints, &ep->super);
+    opal_hash_table_set_value_uint64(&module->endpoint_by_name, name_key(&ep->name), ep);
+    return ep;
+}
+
+void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
+{
+    mca_btl_tbrdma_module_t *module = ep->module;
+
+    tb_cm_cancel(module->cm, ep);
+    if (ep->conn) {
+        tb_conn_destroy(ep->conn);
+        ep->conn = NULL;
+    }
+    mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
+    opal_hash_table_remove_value_uint64(&module->endpoint_by_name, name_key(&ep->name));
+    opal_list_remove_item(&module->endpoints, &ep->super);
+    OBJ_RELEASE(ep);
+}
+
+/* A peer asks for a connection over this module's cable. */
+static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
+                     tb_wire_addr_t *local, void **user)
+{
+    mca_btl_tbrdma_module_t *module = ctx;
+    mca_btl_base_endpoint_t *ep;
+    opal_process_name_t name;
+    opal_proc_t *proc;
+
+    if (sizeof(name) != id_len) {
+        return -1;
+    }
+    memcpy(&name, peer_id, sizeof(name));
+    /* ob1 may add a peer only when it first sends to it, so a peer can
+     * reach this process before that: its endpoint is made here. */
+    proc = opal_proc_for_name(name);
+    ep = proc ? mca_btl_tbrdma_module_endpoint_for(module, proc) : NULL;
+    if (NULL == ep) {
+        BTL_TBRDMA_VERBOSE(10, "%s: refused a connection from %s: not a peer over this cable",
+                           module->device->name, OPAL_NAME_PRINT(name));
+        return -1;
+    }
+    if (NULL != ep->conn || OPAL_SUCCESS != endpoint_make_conn(ep)) {
+        return -1;
+    }
+    tb_conn_local_addr(ep->conn, local);
+    *user = ep;
+    return 0;
+}
+
+static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer, const char *why)
+{
+    mca_btl_base_endpoint_t *ep = user;
+    int rc;
+
+    if (TB_CM_OK != status) {
+        endpoint_fail(ep, why);
+        return;
+    }
+    rc = tb_conn_connect(ep->conn, peer, mca_btl_tbrdma_now_ns());
+    if (TB_CHAN_OK != rc) {
+        endpoint_fail(ep, tb_channel_strerror(rc));
+        return;
+    }
+    ep->state = TBRDMA_EP_CONNECTED;
+    BTL_TBRDMA_VERBOSE(20, "connected to %s over %s", ep->proc->proc_hostname,
+                       ep->module->device->name);
+}
+
+int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size_t errlen)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    tb_cm_callbacks_t cb = {.ctx = module, .accept = cm_accept, .done = cm_done};
+    opal_process_name_t *me = &opal_proc_local_get()->proc_name;
+    tb_domain_params_t dp;
+    tb_cm_params_t cp;
+    char ip[INET_ADDRSTRLEN];
+    int rc;
+
+    OBJ_CONSTRUCT(&module->endpoints, opal_list_t);
+    OBJ_CONSTRUCT(&module->endpoint_by_name, opal_hash_table_t);
+    rc = opal_hash_table_init(&module->endpoint_by_name, 64);
+    if (OPAL_SUCCESS != rc) {
+        snprintf(err, errlen, "out of memory");
+        goto destruct;
+    }
+    tb_domain_params_default(&dp);
+    dp.qp_budget = c->tunables.qps_per_device;
+    rc = tb_domain_create(&c->devices.verbs, module->device, &dp, &module->domain);
+    if (0 != rc) {
+        snprintf(err, errlen, "cannot open %s for traffic: %s (details above)",
+                 module->device->name, strerror(-rc));
+        goto destruct;
+    }
+    inet_ntop(AF_INET, &module->device->ipv4, ip, sizeof(ip));
+    memset(&cp, 0, sizeof(cp));
+    cp.bind_ip = ip;
+    cp.id = me;
+    cp.id_len = sizeof(*me);
+    cp.timeout_ns = (uint64_t) c->tunables.peer_timeout_ms * 1000000u;
+    cp.max_sessions = 256;
+    rc = tb_cm_create(&cp, &cb, &module->cm);
+    if (TB_CM_OK != rc) {
+        snprintf(err, errlen, "cannot listen for connections on %s (%s): %s", ip,
+                 module->device->name, tb_cm_strerror(rc));
+        goto domain;
+    }
+    module->cm_port = tb_cm_port(module->cm);
+    return OPAL_SUCCESS;
+
+domain:
+    tb_domain_destroy(module->domain);
+    module->domain = NULL;
+destruct:
+    OBJ_DESTRUCT(&module->endpoint_by_name);
+    OBJ_DESTRUCT(&module->endpoints);
+    return OPAL_ERROR;
+}
+
+void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module)
+{
+    mca_btl_base_endpoint_t *ep, *next;
+
+    OPAL_LIST_FOREACH_SAFE (ep, next, &module->endpoints, mca_btl_base_endpoint_t) {
+        mca_btl_tbrdma_endpoint_release(ep);
+    }
+    tb_cm_destroy(module->cm);
+    tb_domain_destroy(module->domain);
+    OBJ_DESTRUCT(&module->endpoint_by_name);
+    OBJ_DESTRUCT(&module->endpoints);
+}
+
+int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
+{
+    int n = tb_cm_progress(module->cm, now);
+    int m = tb_domain_progress(module->domain, now);
+
+    return n + (m > 0 ? m : 0);
+}
+
