@@ -1058,9 +1058,20 @@ static void progress_ctrl(tb_channel_t *ch)
     }
 }
 
+/* Callers read their clock at different moments (a connect made inside a
+ * connection manager's callback can be stamped later than the progress call
+ * around it), so the channel's clock never goes backwards: every stored time
+ * stays at or before ch->now and no elapsed time can wrap around. */
+static void clock_advance(tb_channel_t *ch, uint64_t now)
+{
+    if (now > ch->now) {
+        ch->now = now;
+    }
+}
+
 void tb_channel_progress(tb_channel_t *ch, uint64_t now)
 {
-    ch->now = now;
+    clock_advance(ch, now);
     if (!ch_usable(ch)) {
         return;
     }
@@ -1221,7 +1232,7 @@ int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t no
     }
     ch->peer_epoch = tb_wire_le64(peer->epoch);
     ch->next_deliver = tb_wire_le32(peer->psn[0]);
-    ch->now = now;
+    clock_advance(ch, now);
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         tb_rx_lane_t *r = &ch->rx[l];
         uint32_t psn = tb_wire_le32(peer->psn[l]);
@@ -1245,9 +1256,9 @@ int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t no
             }
         }
     }
-    ch->connect_ns = now;
-    ch->last_rx_ns = now;
-    ch->last_hello_ns = now;
+    ch->connect_ns = ch->now;
+    ch->last_rx_ns = ch->now;
+    ch->last_hello_ns = ch->now;
     ch->hello_ivl = ch->p.rto_min_ns;
     if (tx_ctrl(ch, TB_FRAME_HELLO, TB_FRAME_F_ACK_REQ) != 0 && !ch_usable(ch)) {
         return ch->status;

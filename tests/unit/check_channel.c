@@ -780,6 +780,34 @@ START_TEST(test_restarted_peer)
 }
 END_TEST
 
+/* A connect stamped later than the progress calls that follow it (as when
+ * it is made from a connection manager's callback inside a progress loop
+ * that read the clock first) must not look like a peer silent for ages. */
+START_TEST(test_clock_skew)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    tb_wire_addr_t a[2];
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    pr = pair_new(&cfg, &p);
+    for (int i = 0; i < 2; i++) {
+        pair_create_side(pr, i);
+        tb_channel_local_addr(pr->p[i].ch, &a[i]);
+    }
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a[1], pr->now + 5 * MS), TB_CHAN_OK);
+    ck_assert_int_eq(tb_channel_connect(pr->p[1].ch, &a[0], pr->now), TB_CHAN_OK);
+    ck_assert(run_until(pr, both_connected, 2000 * MS));
+    ck_assert_int_eq(pr->p[0].errors + pr->p[1].errors, 0);
+    ck_assert_int_eq(send_msg(pr, 0, 10000, 42), TB_CHAN_OK);
+    ck_assert_int_eq(send_msg(pr, 1, 100, 43), TB_CHAN_OK);
+    ck_assert(run_until(pr, all_done, 2000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
 START_TEST(test_wraparound)
 {
     tb_lossy_cfg_t cfg;
@@ -1002,6 +1030,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_late_peer);
     tcase_add_test(tc, test_restarted_peer);
+    tcase_add_test(tc, test_clock_skew);
     tcase_add_test(tc, test_wraparound);
     tcase_add_test(tc, test_malformed);
     tcase_add_test(tc, test_close);
