@@ -29,8 +29,8 @@ BEGIN_C_DECLS
 
 /* What a channel completion cookie points at. */
 typedef enum {
-    TBRDMA_COOKIE_FRAG = 1, /* a send descriptor (btl_tbrdma_frag.h) */
-    TBRDMA_COOKIE_RMA = 2,  /* a put or get this process started */
+    TBRDMA_COOKIE_FRAG = 1,  /* a send descriptor (btl_tbrdma_frag.h) */
+    TBRDMA_COOKIE_RMA = 2,   /* a put or get this process started */
     TBRDMA_COOKIE_REPLY = 3, /* a reply to a peer's put or get */
 } mca_btl_tbrdma_cookie_kind_t;
 
@@ -51,7 +51,7 @@ typedef enum {
     TBRDMA_EP_IDLE = 0,   /* no connection yet (made on first use) */
     TBRDMA_EP_CONNECTING, /* connection requested; sends queue in the channel */
     TBRDMA_EP_CONNECTED,
-    TBRDMA_EP_FAILED,     /* the peer or the cable is gone; sends fail */
+    TBRDMA_EP_FAILED, /* the peer or the cable is gone; sends fail */
 } mca_btl_tbrdma_ep_state_t;
 
 struct mca_btl_base_endpoint_t {
@@ -108,7 +108,7 @@ typedef struct mca_btl_tbrdma_component_t {
  * well under the channel's message limit. */
 #define TBRDMA_RMA_LIMIT (16u << 20)
 
-OPAL_MODULE_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
+OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 
 extern mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template;
 
@@ -143,8 +143,7 @@ uint64_t mca_btl_tbrdma_now_ns(void);
 
 /* Endpoints and connections (btl_tbrdma_endpoint.c). */
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc,
-                                                        struct in_addr peer_ipv4,
+                                                        opal_proc_t *proc, struct in_addr peer_ipv4,
                                                         uint16_t peer_cm_port);
 void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *endpoint);
 /* Queue a message to the peer, connecting first if needed.  OPAL_SUCCESS

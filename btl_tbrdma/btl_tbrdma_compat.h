@@ -14,14 +14,10 @@
 #    include "opal/mca/pmix/pmix.h"
 #    include "opal/threads/mutex.h"
 #    define TBRDMA_MODEX_SCOPE OPAL_PMIX_GLOBAL
-/* 4.1 has no remote-completion flag: ob1 there never asks for it. */
-#    define TBRDMA_BTL_FLAGS_REMOTE_COMPLETION 0
 #elif BTL_VERSION == 330
 #    include "opal/mca/pmix/pmix-internal.h"
 #    include "opal/mca/threads/mutex.h"
 #    define TBRDMA_MODEX_SCOPE PMIX_GLOBAL
-/* A put completes when the target acknowledged writing it. */
-#    define TBRDMA_BTL_FLAGS_REMOTE_COMPLETION MCA_BTL_FLAGS_RDMA_REMOTE_COMPLETION
 #else
 #    error "tbrdma supports BTL interface 3.1.0 (Open MPI 4.1) and 3.3.0 (Open MPI 5.0)"
 #endif

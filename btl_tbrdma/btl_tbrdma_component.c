@@ -28,18 +28,21 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
                                                      bool enable_mpi_threads);
 
 mca_btl_tbrdma_component_t mca_btl_tbrdma_component = {
-    .super = {
-        .btl_version = {
-            MCA_BTL_DEFAULT_VERSION("tbrdma"),
-            .mca_open_component = tbrdma_component_open,
-            .mca_close_component = tbrdma_component_close,
-            .mca_register_component_params = tbrdma_component_register,
+    .super =
+        {
+            .btl_version =
+                {
+                    MCA_BTL_DEFAULT_VERSION("tbrdma"),
+                    .mca_open_component = tbrdma_component_open,
+                    .mca_close_component = tbrdma_component_close,
+                    .mca_register_component_params = tbrdma_component_register,
+                },
+            .btl_data =
+                {
+                    .param_field = MCA_BASE_METADATA_PARAM_CHECKPOINT,
+                },
+            .btl_init = tbrdma_component_init,
         },
-        .btl_data = {
-            .param_field = MCA_BASE_METADATA_PARAM_CHECKPOINT,
-        },
-        .btl_init = tbrdma_component_init,
-    },
 };
 
 static const mca_base_var_enum_value_t checksum_values[] = {
@@ -51,25 +54,25 @@ static const mca_base_var_enum_value_t checksum_values[] = {
 static void register_string(const char *name, const char *help, mca_base_var_info_lvl_t level,
                             char **storage)
 {
-    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
-                                           help, MCA_BASE_VAR_TYPE_STRING, NULL, 0, 0, level,
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name, help,
+                                           MCA_BASE_VAR_TYPE_STRING, NULL, 0, 0, level,
                                            MCA_BASE_VAR_SCOPE_READONLY, storage);
 }
 
 static void register_int(const char *name, const char *help, mca_base_var_info_lvl_t level,
                          int *storage)
 {
-    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
-                                           help, MCA_BASE_VAR_TYPE_INT, NULL, 0, 0, level,
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name, help,
+                                           MCA_BASE_VAR_TYPE_INT, NULL, 0, 0, level,
                                            MCA_BASE_VAR_SCOPE_READONLY, storage);
 }
 
 static void register_uint(const char *name, const char *help, mca_base_var_info_lvl_t level,
                           uint32_t *storage)
 {
-    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name,
-                                           help, MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0,
-                                           level, MCA_BASE_VAR_SCOPE_READONLY, storage);
+    (void) mca_base_component_var_register(&mca_btl_tbrdma_component.super.btl_version, name, help,
+                                           MCA_BASE_VAR_TYPE_UNSIGNED_INT, NULL, 0, 0, level,
+                                           MCA_BASE_VAR_SCOPE_READONLY, storage);
 }
 
 static int tbrdma_component_register(void)
@@ -123,8 +126,8 @@ static int tbrdma_component_register(void)
                   "Microseconds before the first retransmission of an unacknowledged frame "
                   "(doubles on each retry)",
                   OPAL_INFO_LVL_6, &t->rto_min_us);
-    if (OPAL_SUCCESS == mca_base_var_enum_create("btl_tbrdma_checksum", checksum_values,
-                                                 &checksum_enum)) {
+    if (OPAL_SUCCESS ==
+        mca_base_var_enum_create("btl_tbrdma_checksum", checksum_values, &checksum_enum)) {
         (void) mca_base_component_var_register(&c->super.btl_version, "checksum",
                                                "CRC32C coverage of each frame: \"full\" (header "
                                                "and data) or \"header\"",
@@ -144,8 +147,10 @@ static int tbrdma_component_register(void)
     m->btl_rdma_pipeline_send_length = 64 * 1024;
     m->btl_rdma_pipeline_frag_size = TBRDMA_RMA_LIMIT;
     m->btl_min_rdma_pipeline_size = 256 * 1024;
-    m->btl_flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_PUT | MCA_BTL_FLAGS_GET |
-                   TBRDMA_BTL_FLAGS_REMOTE_COMPLETION;
+    /* put/get over the channel are not proven yet (rendezvous data came out
+     * wrong on the virtual cluster): ob1 uses the send pipeline unless asked
+     * for them with btl_tbrdma_flags send,put,get. */
+    m->btl_flags = MCA_BTL_FLAGS_SEND;
     m->btl_registration_handle_size = sizeof(mca_btl_base_registration_handle_t);
     m->btl_put_limit = TBRDMA_RMA_LIMIT;
     m->btl_get_limit = TBRDMA_RMA_LIMIT;
@@ -329,8 +334,7 @@ static void report_no_device(const char *why)
 {
     BTL_TBRDMA_VERBOSE(1, "disqualifying myself on %s: %s", opal_process_info.nodename, why);
     if (reports_for_host() && tbrdma_is_the_only_network()) {
-        mca_btl_tbrdma_show_help("no usable device", opal_process_info.nodename,
-                       why);
+        mca_btl_tbrdma_show_help("no usable device", opal_process_info.nodename, why);
     }
 }
 
@@ -374,8 +378,8 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
     }
     (void) tb_namefilter_parse(&filter, c->tunables.if_include, c->tunables.if_exclude, err,
                                sizeof(err));
-    if (0 != tb_device_list_open(&c->devices, c->tunables.verbs_library, &filter, err,
-                                 sizeof(err))) {
+    if (0 !=
+        tb_device_list_open(&c->devices, c->tunables.verbs_library, &filter, err, sizeof(err))) {
         report_no_device(err);
         return NULL;
     }

@@ -77,11 +77,11 @@ static void endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     ep->state = TBRDMA_EP_FAILED;
     cable_string(ep, cable, sizeof(cable));
     mca_btl_tbrdma_show_help("peer failed", opal_process_info.nodename,
-                   ep->proc->proc_hostname, cable, why);
+                             opal_get_proc_hostname(ep->proc), cable, why);
     mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
     if (module->error_cb) {
-        snprintf(info, sizeof(info), "tbrdma: lost %s over cable %s: %s", ep->proc->proc_hostname,
-                 cable, why);
+        snprintf(info, sizeof(info), "tbrdma: lost %s over cable %s: %s",
+                 opal_get_proc_hostname(ep->proc), cable, why);
         module->error_cb(&module->super, MCA_BTL_ERROR_FLAGS_FATAL, ep->proc, info);
     }
 }
@@ -139,10 +139,11 @@ static int endpoint_make_conn(mca_btl_base_endpoint_t *ep)
     rc = tb_conn_create(ep->module->domain, &params, &cb, &ep->conn);
     if (0 != rc) {
         cable_string(ep, cable, sizeof(cable));
-        mca_btl_tbrdma_show_help("connection failed", opal_process_info.nodename, ep->proc->proc_hostname, cable,
-                       -EBUSY == rc ? "the device's queue-pair budget is used up "
-                                      "(btl_tbrdma_qps_per_device, btl_tbrdma_lanes)"
-                                    : strerror(-rc));
+        mca_btl_tbrdma_show_help("connection failed", opal_process_info.nodename,
+                                 opal_get_proc_hostname(ep->proc), cable,
+                                 -EBUSY == rc ? "the device's queue-pair budget is used up "
+                                                "(btl_tbrdma_qps_per_device, btl_tbrdma_lanes)"
+                                              : strerror(-rc));
         ep->conn = NULL;
         ep->state = TBRDMA_EP_FAILED;
         return OPAL_ERR_OUT_OF_RESOURCE;
@@ -169,8 +170,8 @@ static int endpoint_start_connect(mca_btl_base_endpoint_t *ep)
         endpoint_fail(ep, tb_cm_strerror(rc));
         return OPAL_ERR_UNREACH;
     }
-    BTL_TBRDMA_VERBOSE(20, "connecting to %s at %s:%u over %s", ep->proc->proc_hostname, ip,
-                       (unsigned) ep->peer_cm_port, ep->module->device->name);
+    BTL_TBRDMA_VERBOSE(20, "connecting to %s at %s:%u over %s", opal_get_proc_hostname(ep->proc),
+                       ip, (unsigned) ep->peer_cm_port, ep->module->device->name);
     return OPAL_SUCCESS;
 }
 
@@ -203,8 +204,7 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
 }
 
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc,
-                                                        struct in_addr peer_ipv4,
+                                                        opal_proc_t *proc, struct in_addr peer_ipv4,
                                                         uint16_t peer_cm_port)
 {
     mca_btl_base_endpoint_t *ep = OBJ_NEW(mca_btl_base_endpoint_t);
@@ -282,7 +282,7 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
         return;
     }
     ep->state = TBRDMA_EP_CONNECTED;
-    BTL_TBRDMA_VERBOSE(20, "connected to %s over %s", ep->proc->proc_hostname,
+    BTL_TBRDMA_VERBOSE(20, "connected to %s over %s", opal_get_proc_hostname(ep->proc),
                        ep->module->device->name);
 }
 
@@ -356,4 +356,3 @@ int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now
 
     return n + (m > 0 ? m : 0);
 }
-

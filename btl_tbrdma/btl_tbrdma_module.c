@@ -27,8 +27,8 @@ static uint64_t name_key(const opal_process_name_t *name)
 
 /* The peer's end of this module's cable, from the peer's modex entry: the
  * one device of the peer whose address lies in this cable's subnet. */
-static int peer_on_my_cable(mca_btl_tbrdma_module_t *module, const tb_wire_modex_t *mx,
-                            size_t size, struct in_addr *ip, uint16_t *port)
+static int peer_on_my_cable(mca_btl_tbrdma_module_t *module, const tb_wire_modex_t *mx, size_t size,
+                            struct in_addr *ip, uint16_t *port)
 {
     const tb_device_t *dev = module->device;
     uint32_t mask = dev->netmask.s_addr, net = dev->ipv4.s_addr & mask;
@@ -55,8 +55,8 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_modu
 {
     void *ep = NULL;
 
-    if (OPAL_SUCCESS != opal_hash_table_get_value_uint64(&module->endpoint_by_name,
-                                                         name_key(name), &ep)) {
+    if (OPAL_SUCCESS !=
+        opal_hash_table_get_value_uint64(&module->endpoint_by_name, name_key(name), &ep)) {
         return NULL;
     }
     return ep;
@@ -85,7 +85,7 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     free(mx);
     if (0 != rc) {
         BTL_TBRDMA_VERBOSE(20, "%s: no cable from %s to %s", module->device->name,
-                           opal_process_info.nodename, proc->proc_hostname);
+                           opal_process_info.nodename, opal_get_proc_hostname(proc));
         return NULL;
     }
     return mca_btl_tbrdma_endpoint_create(module, proc, ip, port);
@@ -115,10 +115,10 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     nreach = opal_list_get_size(&module->endpoints);
     if ((size_t) local_procs * nreach * (size_t) c->tunables.lanes >
         (size_t) c->tunables.qps_per_device) {
-        mca_btl_tbrdma_show_help("queue pair budget", opal_process_info.nodename, module->device->name, local_procs,
-                       (int) nreach, c->tunables.lanes,
-                       local_procs * (int) nreach * c->tunables.lanes,
-                       c->tunables.qps_per_device);
+        mca_btl_tbrdma_show_help("queue pair budget", opal_process_info.nodename,
+                                 module->device->name, local_procs, (int) nreach, c->tunables.lanes,
+                                 local_procs * (int) nreach * c->tunables.lanes,
+                                 c->tunables.qps_per_device);
         for (i = 0; i < nprocs; ++i) {
             peers[i] = NULL;
         }
@@ -233,8 +233,8 @@ static int tbrdma_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_en
 
 static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
                         struct opal_convertor_t *convertor, void *header, size_t header_size,
-                        size_t payload_size, uint8_t order, uint32_t flags,
-                        mca_btl_base_tag_t tag, mca_btl_base_descriptor_t **descriptor)
+                        size_t payload_size, uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
+                        mca_btl_base_descriptor_t **descriptor)
 {
     mca_btl_tbrdma_frag_t *frag;
     size_t total = header_size + payload_size;
@@ -342,21 +342,22 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
 }
 
 mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template = {
-    .super = {
-        .btl_component = &mca_btl_tbrdma_component.super,
-        .btl_add_procs = tbrdma_add_procs,
-        .btl_del_procs = tbrdma_del_procs,
-        .btl_finalize = tbrdma_finalize,
-        .btl_alloc = tbrdma_alloc,
-        .btl_free = tbrdma_free,
-        .btl_prepare_src = tbrdma_prepare_src,
-        .btl_send = tbrdma_send,
-        .btl_sendi = tbrdma_sendi,
-        .btl_put = mca_btl_tbrdma_put,
-        .btl_get = mca_btl_tbrdma_get,
-        .btl_register_mem = mca_btl_tbrdma_register_mem,
-        .btl_deregister_mem = mca_btl_tbrdma_deregister_mem,
-        .btl_register_error = tbrdma_register_error,
-        .btl_flush = tbrdma_flush,
-    },
+    .super =
+        {
+            .btl_component = &mca_btl_tbrdma_component.super,
+            .btl_add_procs = tbrdma_add_procs,
+            .btl_del_procs = tbrdma_del_procs,
+            .btl_finalize = tbrdma_finalize,
+            .btl_alloc = tbrdma_alloc,
+            .btl_free = tbrdma_free,
+            .btl_prepare_src = tbrdma_prepare_src,
+            .btl_send = tbrdma_send,
+            .btl_sendi = tbrdma_sendi,
+            .btl_put = mca_btl_tbrdma_put,
+            .btl_get = mca_btl_tbrdma_get,
+            .btl_register_mem = mca_btl_tbrdma_register_mem,
+            .btl_deregister_mem = mca_btl_tbrdma_deregister_mem,
+            .btl_register_error = tbrdma_register_error,
+            .btl_flush = tbrdma_flush,
+        },
 };

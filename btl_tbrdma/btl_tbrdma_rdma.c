@@ -19,8 +19,8 @@ typedef struct tbrdma_rma_req_t {
     mca_btl_tbrdma_cookie_t cookie;
     tb_wire_rma_hdr_t hdr; /* the request as sent */
     uint8_t tag;
-    int sent;              /* the channel finished sending the request */
-    int replied;           /* the reply came (status in reply_status) */
+    int sent;    /* the channel finished sending the request */
+    int replied; /* the reply came (status in reply_status) */
     int reply_status;
     void *local_address;
     size_t size;
@@ -37,8 +37,7 @@ typedef struct tbrdma_rma_reply_t {
     tb_wire_rma_hdr_t hdr;
 } tbrdma_rma_reply_t;
 
-#define REQ_OF_COOKIE(c) \
-    ((tbrdma_rma_req_t *) ((char *) (c) - offsetof(tbrdma_rma_req_t, cookie)))
+#define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
 
 static int rma_status_to_opal(int status)
 {
@@ -108,8 +107,8 @@ int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
     int rc;
 
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
-    rc = start(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
-               remote_handle, size, cbfunc, cbcontext, cbdata);
+    rc = start(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle, remote_handle,
+               size, cbfunc, cbcontext, cbdata);
     OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
     return rc;
 }
@@ -157,12 +156,16 @@ mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_mod
     }
     handle->base = (uint64_t) (uintptr_t) base;
     handle->len = size;
+    BTL_TBRDMA_VERBOSE(50, "exposed %zu bytes at %p to %s under key %016llx", size, base,
+                       (access & TB_RMA_ACCESS_WRITE) ? "put and get" : "get",
+                       (unsigned long long) handle->key);
     return handle;
 }
 
 int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
                                   mca_btl_base_registration_handle_t *handle)
 {
+    BTL_TBRDMA_VERBOSE(50, "withdrew key %016llx", (unsigned long long) handle->key);
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     (void) tb_rma_deregister(&mca_btl_tbrdma_component.rma, handle->key);
     OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
@@ -170,15 +173,15 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
     return OPAL_SUCCESS;
 }
 
-static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t req_id,
-                       int status, const void *data, size_t len)
+static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t req_id, int status,
+                       const void *data, size_t len)
 {
     tbrdma_rma_reply_t *reply = calloc(1, sizeof(*reply));
     struct iovec iov[2];
 
     if (NULL == reply) {
         opal_output(0, "btl:tbrdma: out of memory answering a put/get from %s",
-                    endpoint->proc->proc_hostname);
+                    opal_get_proc_hostname(endpoint->proc));
         return;
     }
     reply->cookie.kind = TBRDMA_COOKIE_REPLY;
@@ -190,8 +193,8 @@ static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t 
     iov[0].iov_len = sizeof(reply->hdr);
     iov[1].iov_base = (void *) data;
     iov[1].iov_len = len;
-    if (OPAL_SUCCESS != mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, len ? 2 : 1,
-                                                     &reply->cookie)) {
+    if (OPAL_SUCCESS !=
+        mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, len ? 2 : 1, &reply->cookie)) {
         free(reply);
     }
 }
@@ -216,11 +219,12 @@ static void serve(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wire_
     }
     if (TB_RMA_OK != status) {
         opal_output(0,
-                    "btl:tbrdma on %s: refused a %s of %llu bytes at 0x%llx from %s: %s; "
-                    "nothing was %s",
+                    "btl:tbrdma on %s: refused a %s of %llu bytes at 0x%llx (key %016llx) from "
+                    "%s: %s; nothing was %s",
                     opal_process_info.nodename, put ? "put" : "get", (unsigned long long) len,
-                    (unsigned long long) addr, endpoint->proc->proc_hostname,
-                    tb_rma_status_string(status), put ? "written" : "read");
+                    (unsigned long long) addr, (unsigned long long) tb_wire_le64(hdr->key),
+                    opal_get_proc_hostname(endpoint->proc), tb_rma_status_string(status),
+                    put ? "written" : "read");
         send_reply(endpoint, put ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP, hdr->req_id, status,
                    NULL, 0);
         return;
@@ -247,7 +251,7 @@ static void complete(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wi
     }
     if (NULL == req || req->hdr.req_id != hdr->req_id || want != tag) {
         opal_output(0, "btl:tbrdma on %s: unexpected put/get reply from %s (ignored)",
-                    opal_process_info.nodename, endpoint->proc->proc_hostname);
+                    opal_process_info.nodename, opal_get_proc_hostname(endpoint->proc));
         return;
     }
     if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == tag) {
@@ -260,7 +264,8 @@ static void complete(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wi
     if (TB_RMA_OK != status) {
         opal_output(0, "btl:tbrdma on %s: %s of %zu bytes refused by %s: %s",
                     opal_process_info.nodename, TB_TAG_RMA_PUT == req->tag ? "put" : "get",
-                    req->size, endpoint->proc->proc_hostname, tb_rma_status_string(status));
+                    req->size, opal_get_proc_hostname(endpoint->proc),
+                    tb_rma_status_string(status));
     }
     opal_list_remove_item(&endpoint->rma_pending, &req->super);
     req->replied = 1;
@@ -275,9 +280,10 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
     const char *payload = (const char *) data + sizeof(hdr);
 
     if (len < sizeof(hdr)) {
-        opal_output(0, "btl:tbrdma on %s: dropped a %zu-byte put/get message from %s: shorter "
+        opal_output(0,
+                    "btl:tbrdma on %s: dropped a %zu-byte put/get message from %s: shorter "
                     "than its header",
-                    opal_process_info.nodename, len, endpoint->proc->proc_hostname);
+                    opal_process_info.nodename, len, opal_get_proc_hostname(endpoint->proc));
         return;
     }
     memcpy(&hdr, data, sizeof(hdr));
@@ -292,7 +298,8 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
         break;
     default:
         opal_output(0, "btl:tbrdma on %s: dropped a message with unknown tag %u from %s",
-                    opal_process_info.nodename, (unsigned) tag, endpoint->proc->proc_hostname);
+                    opal_process_info.nodename, (unsigned) tag,
+                    opal_get_proc_hostname(endpoint->proc));
     }
 }
 

@@ -82,22 +82,23 @@ AC_DEFUN([TB_CHECK_OMPI], [
     AC_MSG_CHECKING([whether opal/mca/btl/btl.h compiles])
     CPPFLAGS="$tb_save_CPPFLAGS $OMPI_CPPFLAGS"
     AC_COMPILE_IFELSE([TB_BTL_PROG], [tb_btl_ok=yes])
+    # Each fallback keeps the flags of the ones before it: Debian's 5.0 needs
+    # both PMIx's headers and the source tree's.
+    tb_pmix_cflags=
     AS_IF([test "$tb_btl_ok" = no && test -n "$PKG_CONFIG"],
-          [tb_pmix_cflags=`$PKG_CONFIG --cflags pmix 2>/dev/null`
-           AS_IF([test -n "$tb_pmix_cflags"],
-                 [CPPFLAGS="$tb_save_CPPFLAGS $OMPI_CPPFLAGS $tb_pmix_cflags"
-                  AC_COMPILE_IFELSE([TB_BTL_PROG],
-                                    [tb_btl_ok=yes
-                                     OMPI_CPPFLAGS="$OMPI_CPPFLAGS $tb_pmix_cflags"])])])
+          [tb_pmix_cflags=`$PKG_CONFIG --cflags pmix 2>/dev/null`])
+    AS_IF([test "$tb_btl_ok" = no && test -n "$tb_pmix_cflags"],
+          [OMPI_CPPFLAGS="$OMPI_CPPFLAGS $tb_pmix_cflags"
+           CPPFLAGS="$tb_save_CPPFLAGS $OMPI_CPPFLAGS"
+           AC_COMPILE_IFELSE([TB_BTL_PROG], [tb_btl_ok=yes])])
     AS_IF([test "$tb_btl_ok" = no && test -n "$with_ompi_source" && test "$with_ompi_source" != yes],
           [AS_IF([test -d "$with_ompi_source/opal"], [],
                  [AC_MSG_ERROR([--with-ompi-source=$with_ompi_source has no opal/ directory])])
            # After the installed headers, so the source tree only fills gaps.
-           CPPFLAGS="$tb_save_CPPFLAGS $OMPI_CPPFLAGS -idirafter $with_ompi_source"
-           AC_COMPILE_IFELSE([TB_BTL_PROG],
-                             [tb_btl_ok=yes
-                              OMPI_CPPFLAGS="$OMPI_CPPFLAGS -idirafter $with_ompi_source"
-                              TB_DISTCHECK_EXTRA_FLAGS="$TB_DISTCHECK_EXTRA_FLAGS --with-ompi-source=$with_ompi_source"])])
+           OMPI_CPPFLAGS="$OMPI_CPPFLAGS -idirafter $with_ompi_source"
+           TB_DISTCHECK_EXTRA_FLAGS="$TB_DISTCHECK_EXTRA_FLAGS --with-ompi-source=$with_ompi_source"
+           CPPFLAGS="$tb_save_CPPFLAGS $OMPI_CPPFLAGS"
+           AC_COMPILE_IFELSE([TB_BTL_PROG], [tb_btl_ok=yes])])
     AC_MSG_RESULT([$tb_btl_ok])
     AS_IF([test "$tb_btl_ok" = no],
           [AC_MSG_ERROR([opal/mca/btl/btl.h does not compile with $OMPI_CPPFLAGS (see config.log).

@@ -1,0 +1,388 @@
+/*
+ * tb_mpitests: MPI correctness tests for a transport, every byte verified.
+ *
+ * usage: tb_mpitests [-m MAX_BYTES] [TEST...]
+ * TESTs: pingpong storm manytoone anysource noncontig coll osc (default: all
+ * but osc).  Rank 0 prints "ok: NAME" or "FAIL: NAME: why" per test and a
+ * closing "N passed, N failed"; the exit status is non-zero on any failure.
+ */
+#include <mpi.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rank, nranks;
+static size_t max_bytes = 4u << 20;
+static char why[256];
+
+static unsigned char pattern(size_t i, unsigned seed)
+{
+    return (unsigned char) ((i * 2654435761u + seed * 40503u) >> 11);
+}
+
+static void fill(unsigned char *buf, size_t len, unsigned seed)
+{
+    size_t i;
+    for (i = 0; i < len; ++i) {
+        buf[i] = pattern(i, seed);
+    }
+}
+
+static int verify(const unsigned char *buf, size_t len, unsigned seed, const char *what)
+{
+    size_t i;
+    for (i = 0; i < len; ++i) {
+        if (buf[i] != pattern(i, seed)) {
+            snprintf(why, sizeof(why), "%s: byte %zu of %zu differs", what, i, len);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Sizes 0, 1, then x4 up to max_bytes, plus sizes around frame edges. */
+static size_t next_size(size_t s)
+{
+    return s == 0 ? 1 : s * 4;
+}
+
+static int test_pingpong(void)
+{
+    static const size_t edges[] = {4015, 4016, 4017, 4096, 65455, 65456, 65457, 65536};
+    unsigned char *buf = malloc(max_bytes ? max_bytes : 1);
+    int bad = 0, peer = rank ^ 1;
+    size_t s, e;
+
+    if (peer >= nranks) {
+        peer = MPI_PROC_NULL;
+    }
+    for (s = 0; s <= max_bytes && !bad; s = next_size(s)) {
+        for (e = 0; e <= sizeof(edges) / sizeof(edges[0]) && !bad; ++e) {
+            size_t len = e == 0 ? s : edges[e - 1];
+            unsigned seed = (unsigned) (len * 7 + 1);
+            if (e > 0 && (s != 1 || len > max_bytes)) {
+                continue;
+            }
+            if (0 == rank % 2) {
+                fill(buf, len, seed);
+                MPI_Send(buf, (int) len, MPI_BYTE, peer, 1, MPI_COMM_WORLD);
+                memset(buf, 0, len);
+                MPI_Recv(buf, (int) len, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                bad = peer != MPI_PROC_NULL && verify(buf, len, seed + 1, "pong");
+            } else {
+                MPI_Recv(buf, (int) len, MPI_BYTE, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                bad = verify(buf, len, seed, "ping");
+                fill(buf, len, seed + 1);
+                MPI_Send(buf, (int) len, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
+            }
+        }
+    }
+    free(buf);
+    return bad;
+}
+
+/* Every rank posts many receives from and sends to every other rank at once. */
+static int test_storm(void)
+{
+    enum { PER_PEER = 16 };
+    size_t len = max_bytes < 200000 ? max_bytes : 200000;
+    int n = (nranks - 1) * PER_PEER, i, p, k = 0, bad = 0;
+    MPI_Request *reqs = malloc(sizeof(*reqs) * 2 * (size_t) (n ? n : 1));
+    unsigned char **rbufs = malloc(sizeof(*rbufs) * (size_t) (n ? n : 1));
+    unsigned char **sbufs = malloc(sizeof(*sbufs) * (size_t) (n ? n : 1));
+
+    for (p = 0; p < nranks; ++p) {
+        if (p == rank) {
+            continue;
+        }
+        for (i = 0; i < PER_PEER; ++i, ++k) {
+            size_t l = (len * (size_t) (i + 1)) / PER_PEER;
+            rbufs[k] = malloc(l + 1);
+            sbufs[k] = malloc(l + 1);
+            fill(sbufs[k], l, (unsigned) (rank * 1000 + p * 37 + i));
+            MPI_Irecv(rbufs[k], (int) l, MPI_BYTE, p, 100 + i, MPI_COMM_WORLD, &reqs[2 * k]);
+            MPI_Isend(sbufs[k], (int) l, MPI_BYTE, p, 100 + i, MPI_COMM_WORLD, &reqs[2 * k + 1]);
+        }
+    }
+    MPI_Waitall(2 * n, reqs, MPI_STATUSES_IGNORE);
+    for (p = 0, k = 0; p < nranks; ++p) {
+        if (p == rank) {
+            continue;
+        }
+        for (i = 0; i < PER_PEER; ++i, ++k) {
+            size_t l = (len * (size_t) (i + 1)) / PER_PEER;
+            bad = bad || verify(rbufs[k], l, (unsigned) (p * 1000 + rank * 37 + i), "storm");
+            free(rbufs[k]);
+            free(sbufs[k]);
+        }
+    }
+    free(reqs);
+    free(rbufs);
+    free(sbufs);
+    return bad;
+}
+
+/* All ranks send to rank 0, which receives from MPI_ANY_SOURCE and checks
+ * that each sender's messages arrive complete and in order. */
+static int test_manytoone(void)
+{
+    enum { MSGS = 50 };
+    unsigned char buf[8192];
+    int bad = 0, i;
+
+    if (0 == rank) {
+        int *next = calloc((size_t) nranks, sizeof(int));
+        for (i = 0; i < MSGS * (nranks - 1) && !bad; ++i) {
+            MPI_Status st;
+            int count, src, seq;
+            MPI_Recv(buf, sizeof(buf), MPI_BYTE, MPI_ANY_SOURCE, 7, MPI_COMM_WORLD, &st);
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            src = st.MPI_SOURCE;
+            memcpy(&seq, buf, sizeof(seq));
+            if (seq != next[src]) {
+                snprintf(why, sizeof(why), "from rank %d: message %d came as number %d", src,
+                         seq, next[src]);
+                bad = 1;
+            } else {
+                bad = verify(buf + 4, (size_t) count - 4, (unsigned) (src * 100 + seq), "m2o");
+            }
+            next[src]++;
+        }
+        free(next);
+    } else {
+        for (i = 0; i < MSGS; ++i) {
+            size_t len = 4 + (size_t) ((i * 977) % (sizeof(buf) - 4));
+            memcpy(buf, &i, sizeof(i));
+            fill(buf + 4, len - 4, (unsigned) (rank * 100 + i));
+            MPI_Send(buf, (int) len, MPI_BYTE, 0, 7, MPI_COMM_WORLD);
+        }
+    }
+    MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return bad;
+}
+
+/* MPI_ANY_SOURCE with MPI_ANY_TAG and probes, in a ring. */
+static int test_anysource(void)
+{
+    int right = (rank + 1) % nranks, bad = 0, i;
+    double out[1000], in[1000];
+    MPI_Status st;
+
+    for (i = 0; i < 1000; ++i) {
+        out[i] = rank * 1e6 + i;
+    }
+    MPI_Sendrecv(out, 1000, MPI_DOUBLE, right, rank, in, 1000, MPI_DOUBLE, MPI_ANY_SOURCE,
+                 MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+    for (i = 0; i < 1000 && !bad; ++i) {
+        if (in[i] != st.MPI_SOURCE * 1e6 + i || st.MPI_TAG != st.MPI_SOURCE) {
+            snprintf(why, sizeof(why), "value %d from %d wrong", i, st.MPI_SOURCE);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
+/* A strided vector type: the transport sees packed, non-contiguous data. */
+static int test_noncontig(void)
+{
+    enum { COUNT = 20000, STRIDE = 3 };
+    int *sbuf = malloc(sizeof(int) * COUNT * STRIDE), *rbuf = malloc(sizeof(int) * COUNT);
+    int peer = rank ^ 1, bad = 0, i;
+    MPI_Datatype vec;
+
+    MPI_Type_vector(COUNT, 1, STRIDE, MPI_INT, &vec);
+    MPI_Type_commit(&vec);
+    for (i = 0; i < COUNT * STRIDE; ++i) {
+        sbuf[i] = rank * 7919 + i;
+    }
+    if (peer < nranks) {
+        MPI_Sendrecv(sbuf, 1, vec, peer, 9, rbuf, COUNT, MPI_INT, peer, 9, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        for (i = 0; i < COUNT && !bad; ++i) {
+            if (rbuf[i] != peer * 7919 + i * STRIDE) {
+                snprintf(why, sizeof(why), "element %d is %d", i, rbuf[i]);
+                bad = 1;
+            }
+        }
+    }
+    MPI_Type_free(&vec);
+    free(sbuf);
+    free(rbuf);
+    return bad;
+}
+
+static int test_coll(void)
+{
+    size_t n = max_bytes / sizeof(int) < 262144 ? max_bytes / sizeof(int) : 262144;
+    int *a = malloc(sizeof(int) * n * (size_t) nranks), *b = malloc(sizeof(int) * n * (size_t) nranks);
+    size_t i, chunk = n / (size_t) nranks ? n / (size_t) nranks : 1;
+    int bad = 0, r;
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (i = 0; i < n; ++i) {
+        a[i] = 0 == rank ? (int) (i * 31 + 5) : -1;
+    }
+    MPI_Bcast(a, (int) n, MPI_INT, 0, MPI_COMM_WORLD);
+    for (i = 0; i < n && !bad; ++i) {
+        if (a[i] != (int) (i * 31 + 5)) {
+            snprintf(why, sizeof(why), "bcast element %zu", i);
+            bad = 1;
+        }
+    }
+    for (i = 0; i < n; ++i) {
+        a[i] = rank + (int) i;
+    }
+    MPI_Allreduce(a, b, (int) n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    for (i = 0; i < n && !bad; ++i) {
+        if (b[i] != nranks * (nranks - 1) / 2 + nranks * (int) i) {
+            snprintf(why, sizeof(why), "allreduce element %zu is %d", i, b[i]);
+            bad = 1;
+        }
+    }
+    for (r = 0; r < nranks; ++r) {
+        for (i = 0; i < chunk; ++i) {
+            a[(size_t) r * chunk + i] = rank * 100000 + r * 1000 + (int) (i % 1000);
+        }
+    }
+    MPI_Alltoall(a, (int) chunk, MPI_INT, b, (int) chunk, MPI_INT, MPI_COMM_WORLD);
+    for (r = 0; r < nranks && !bad; ++r) {
+        for (i = 0; i < chunk && !bad; ++i) {
+            if (b[(size_t) r * chunk + i] != r * 100000 + rank * 1000 + (int) (i % 1000)) {
+                snprintf(why, sizeof(why), "alltoall from %d element %zu", r, i);
+                bad = 1;
+            }
+        }
+    }
+    for (i = 0; i < chunk; ++i) {
+        a[i] = rank * 1000003 + (int) i;
+    }
+    MPI_Allgather(a, (int) chunk, MPI_INT, b, (int) chunk, MPI_INT, MPI_COMM_WORLD);
+    for (r = 0; r < nranks && !bad; ++r) {
+        for (i = 0; i < chunk && !bad; ++i) {
+            if (b[(size_t) r * chunk + i] != r * 1000003 + (int) i) {
+                snprintf(why, sizeof(why), "allgather from %d element %zu", r, i);
+                bad = 1;
+            }
+        }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    free(a);
+    free(b);
+    return bad;
+}
+
+/* One-sided: a window made with MPI_Win_create (so it goes through the
+ * transport, not shared memory), fences, Put, Get and Accumulate. */
+static int test_osc(void)
+{
+    enum { N = 4096 };
+    long *win_buf = calloc(N * (size_t) nranks, sizeof(long)), *got = malloc(N * sizeof(long));
+    int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks, bad = 0, i;
+    long *mine = malloc(N * sizeof(long));
+    MPI_Win win;
+
+    MPI_Win_create(win_buf, (MPI_Aint) (N * (size_t) nranks * sizeof(long)), sizeof(long),
+                   MPI_INFO_NULL, MPI_COMM_WORLD, &win);
+    for (i = 0; i < N; ++i) {
+        mine[i] = rank * 1000000L + i;
+    }
+    MPI_Win_fence(0, win);
+    MPI_Put(mine, N, MPI_LONG, right, (MPI_Aint) rank * N, N, MPI_LONG, win);
+    MPI_Win_fence(0, win);
+    for (i = 0; i < N && !bad; ++i) {
+        if (win_buf[(size_t) left * N + i] != left * 1000000L + i) {
+            snprintf(why, sizeof(why), "put: element %d from %d", i, left);
+            bad = 1;
+        }
+    }
+    MPI_Get(got, N, MPI_LONG, right, (MPI_Aint) rank * N, N, MPI_LONG, win);
+    MPI_Win_fence(0, win);
+    for (i = 0; i < N && !bad; ++i) {
+        if (got[i] != rank * 1000000L + i) {
+            snprintf(why, sizeof(why), "get: element %d", i);
+            bad = 1;
+        }
+    }
+    MPI_Accumulate(mine, N, MPI_LONG, right, (MPI_Aint) rank * N, N, MPI_LONG, MPI_SUM, win);
+    MPI_Win_fence(0, win);
+    for (i = 0; i < N && !bad; ++i) {
+        if (win_buf[(size_t) left * N + i] != 2 * (left * 1000000L + i)) {
+            snprintf(why, sizeof(why), "accumulate: element %d from %d", i, left);
+            bad = 1;
+        }
+    }
+    MPI_Win_free(&win);
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    free(win_buf);
+    free(got);
+    free(mine);
+    return bad;
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(void);
+    int by_default;
+} tests[] = {
+    {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
+    {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
+    {"osc", test_osc, 0},
+};
+
+static void run(int t, int *passed, int *failed)
+{
+    int bad;
+    char msg[256];
+
+    why[0] = '\0';
+    bad = tests[t].fn();
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (why[0]) {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, tests[t].name, why);
+    }
+    snprintf(msg, sizeof(msg), "%s: %s", bad ? "FAIL" : "ok", tests[t].name);
+    if (0 == rank) {
+        printf("%s\n", msg);
+        fflush(stdout);
+    }
+    *(bad ? failed : passed) += 1;
+}
+
+int main(int argc, char **argv)
+{
+    int opt, passed = 0, failed = 0, i, t;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    while ((opt = getopt(argc, argv, "m:")) != -1) {
+        if ('m' == opt) {
+            max_bytes = strtoull(optarg, NULL, 0);
+        } else {
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
+    if (nranks < 2) {
+        if (0 == rank) {
+            fprintf(stderr, "tb_mpitests: needs at least 2 ranks\n");
+        }
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (t = 0; t < (int) (sizeof(tests) / sizeof(tests[0])); ++t) {
+        int wanted = optind == argc && tests[t].by_default;
+        for (i = optind; i < argc; ++i) {
+            wanted = wanted || 0 == strcmp(argv[i], tests[t].name);
+        }
+        if (wanted) {
+            run(t, &passed, &failed);
+        }
+    }
+    if (0 == rank) {
+        printf("%d passed, %d failed\n", passed, failed);
+    }
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
