@@ -10,11 +10,31 @@
  *    themselves.  The sender keeps CTRL_RESERVE lane-0 credits for control
  *    frames, so acks and credit updates always get through and two
  *    saturated peers cannot deadlock.
- *  - seq numbers data frames; the receiver accepts only the next one in
- *    order (go-back-N: on UC a QP does not reorder, so a gap means loss),
- *    acks cumulatively, and NAKs the first gap once.
+ *  - seq numbers data frames; the receiver acks cumulatively.  On UC a QP
+ *    does not reorder, so a gap means loss.  Selective repeat: a frame after
+ *    a gap is held while there is room (all but HOLD_SPARE of the lane's
+ *    receives, so that the missing frame and control frames still find
+ *    receives) and the gap is NAKed at once, and again now and then while
+ *    it stays open.  A NAK rides only on an ACK frame, whose msg_len and
+ *    frag_offset (message fields, unused in an ACK) then carry a bitmap per
+ *    lane: bit i set means seq ack[l] + 2 + i is held.  The sender resends
+ *    every gap below the highest held frame (a peer that sends no bitmap
+ *    gets the first gap only) and, on a timeout, every unacked frame the
+ *    peer does not hold (a receiver never drops a frame it holds).  On a
+ *    lossy link, resending a whole window per loss, as go-back-N does, costs
+ *    many times the loss.
  * Messages carry a channel-wide msg_id so that messages on the two lanes are
  * delivered in send order.
+ *
+ * Retransmit timeout, per lane (RFC 6298): every data frame remembers when it
+ * was last posted; an ack gives a round-trip sample from the newest frame it
+ * covers if that was never resent (Karn's rule: whose ack is it?) and no
+ * frame it covers was resent later (see tx_ack), smoothed into SRTT and
+ * RTTVAR; RTO = SRTT + 4 RTTVAR clamped to [rto_min, rto_max].  An expiry
+ * doubles the RTO, and the doubled value stays until a new sample: that is
+ * what lets a link slower than the estimate produce a clean sample again.
+ * The HELLO exchange seeds the estimate when it can (one HELLO sent and
+ * answered), and HELLO retries back off the same way from rto_initial.
  */
 #include "tb_channel.h"
 
@@ -28,6 +48,9 @@
 
 #define CTRL_RESERVE 2   /* lane-0 credits only control frames may use */
 #define CTRL_FRAMES 8    /* control frames in flight at once */
+/* Receives a lane never spends on frames held after a gap: the resend that
+ * fills the gap needs one, and lane-0 data needs more than CTRL_RESERVE. */
+#define HOLD_SPARE (CTRL_RESERVE + 2)
 #define WARN_INTERVAL_NS 1000000000ull
 
 typedef enum {
@@ -68,6 +91,9 @@ typedef struct tb_tx_frame {
     uint8_t posted;
     uint8_t acked;
     uint8_t is_ctrl;
+    uint8_t retx;     /* retransmitted: its ack gives no round-trip sample */
+    uint8_t sacked;   /* the peer holds it: never resend */
+    uint64_t sent_ns; /* latest transmission */
 } tb_tx_frame_t;
 
 typedef struct tb_tx_lane {
@@ -77,16 +103,21 @@ typedef struct tb_tx_lane {
     uint32_t post_min;  /* shortest post with the lane's frame count */
     uint32_t una;       /* oldest unacked seq */
     uint32_t next_seq;  /* seq of the next new frame */
-    uint32_t retx_next; /* next seq to retransmit; == next_seq when none */
+    uint32_t retx_next; /* retransmit seqs [retx_next, retx_end): */
+    uint32_t retx_end;  /* equal when nothing is to be resent */
     uint32_t next_tsn;
     uint32_t peer_limit; /* may transmit tsn <= peer_limit */
-    uint64_t rto;
+    uint64_t srtt;       /* smoothed round trip; 0 before the first sample */
+    uint64_t rttvar;
+    uint64_t rto;        /* current timeout, backoff included */
     uint64_t timer_start;
     uint64_t ack_progress_ns;
     uint64_t last_goback_ns;
     uint32_t last_goback_una;
+    uint32_t repair_end; /* gaps below it were resent since the last go-back */
     int stalled;
     uint64_t stall_since;
+    uint64_t dry_since;  /* when the lane ran out of credit; 0 while it has some */
     uint64_t last_probe_ns;
     tb_send_req_t *q_head; /* requests in send order, oldest unacked first */
     tb_send_req_t *q_tail;
@@ -116,7 +147,10 @@ typedef struct tb_rx_lane {
     uint32_t last_msg_id;
     int have_msg;
     int nak_pending;
-    int nak_sent; /* a NAK went out for the current gap */
+    unsigned ooo_since_nak; /* frames after the current gap since its last NAK */
+    void **held;            /* frames after a gap, at seq % recv_depth */
+    unsigned nheld;
+    unsigned nwaiting;      /* slots of whole messages waiting for their turn */
     unsigned unacked;
     uint64_t ack_since;
     tb_rx_msg_t *assembling;
@@ -136,6 +170,7 @@ struct tb_channel {
     uint64_t last_tx_ns;
     uint64_t last_hello_ns;
     uint64_t hello_ivl;
+    unsigned hellos_sent;
     uint64_t peer_epoch;
     uint32_t next_msg_id;
     uint32_t next_deliver;
@@ -193,7 +228,8 @@ void tb_channel_params_default(tb_channel_params_t *p)
     p->payload_crc = 1;
     p->max_msg_size = 64u << 20;
     p->ack_delay_ns = 20000;
-    p->rto_min_ns = 1000000;
+    p->rto_min_ns = 200000;
+    p->rto_initial_ns = 10000000;
     p->rto_max_ns = 128000000;
     p->keepalive_ns = 100000000;
     p->peer_timeout_ns = 5000000000ull;
@@ -337,6 +373,72 @@ static int ch_usable(const tb_channel_t *ch)
 }
 
 /* ------------------------------------------------------------------ */
+/* Round-trip estimate                                                 */
+
+static uint64_t rto_clamp(const tb_channel_t *ch, uint64_t rto)
+{
+    if (rto < ch->p.rto_min_ns) {
+        return ch->p.rto_min_ns;
+    }
+    return rto > ch->p.rto_max_ns ? ch->p.rto_max_ns : rto;
+}
+
+static void rto_set(tb_channel_t *ch, unsigned lane, uint64_t rto)
+{
+    ch->tx[lane].rto = rto;
+    ch->cnt.rto_ns[lane] = rto;
+}
+
+/* RFC 6298 section 2 with alpha 1/8, beta 1/4, K 4.  A sample also ends any
+ * backoff: it proves the timeout it was measured under was long enough. */
+static void rtt_sample(tb_channel_t *ch, unsigned lane, uint64_t r)
+{
+    tb_tx_lane_t *t = &ch->tx[lane];
+
+    if (r == 0) {
+        r = 1; /* srtt 0 means "no sample yet" */
+    }
+    if (t->srtt == 0) {
+        t->srtt = r;
+        t->rttvar = r / 2;
+    } else {
+        uint64_t err = r > t->srtt ? r - t->srtt : t->srtt - r;
+        t->rttvar = (3 * t->rttvar + err) / 4;
+        t->srtt = (7 * t->srtt + r) / 8;
+        if (t->srtt == 0) {
+            t->srtt = 1;
+        }
+    }
+    ch->cnt.rtt_samples++;
+    ch->cnt.srtt_ns[lane] = t->srtt;
+    rto_set(ch, lane, rto_clamp(ch, t->srtt + 4 * t->rttvar));
+}
+
+/* The HELLO exchange is over at ch->now, `waited` after our first HELLO.  If
+ * exactly one HELLO went out and this frame answers it (a HELLO would be the
+ * peer's own, sent without having seen ours), the wait was one round trip:
+ * it seeds lane 0.  Otherwise the wait says little (Karn: an answer to which
+ * HELLO?  And a peer HELLO that crossed ours took only one way), so, like TCP
+ * after SYN retries (RFC 6298, 5.7), data starts with a conservative timeout:
+ * four times the wait, at least the initial one.  The bulk lane's frames
+ * take longer than a header-only frame, so it keeps that until its own first
+ * sample. */
+static void hello_done(tb_channel_t *ch, uint8_t type)
+{
+    uint64_t waited = ch->now - ch->connect_ns;
+    uint64_t rto = rto_clamp(ch, 4 * waited);
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        if (rto > ch->tx[l].rto) {
+            rto_set(ch, l, rto);
+        }
+    }
+    if (ch->hellos_sent == 1 && type != TB_FRAME_HELLO) {
+        rtt_sample(ch, 0, ch->now - ch->last_hello_ns);
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* Transmission                                                        */
 
 static uint32_t rx_limit(tb_channel_t *ch, unsigned l)
@@ -352,6 +454,21 @@ static int tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl)
     int32_t avail = tb_seq_diff(t->peer_limit, t->next_tsn) + 1;
     int32_t reserve = (lane == 0 && !is_ctrl) ? CTRL_RESERVE : 0;
     return avail > reserve;
+}
+
+/* The selective-ack bitmap of lane l: bit i is seq expected + 1 + i held. */
+static uint32_t rx_sack(const tb_channel_t *ch, unsigned l)
+{
+    const tb_rx_lane_t *r = &ch->rx[l];
+    unsigned depth = ch->p.recv_depth[l];
+    uint32_t sack = 0;
+
+    for (unsigned i = 0; r->nheld > 0 && i < 32 && i + 1 < depth; i++) {
+        if (r->held[(r->expected + 1 + i) % depth]) {
+            sack |= 1u << i;
+        }
+    }
+    return sack;
 }
 
 /* Stamp the per-transmission fields (tsn, acks, credits) and post. */
@@ -373,8 +490,14 @@ static int tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags)
         h->credit[l] = tb_wire_le32(lim);
         r->adv_limit = lim;
         r->unacked = 0;
-        if (r->nak_pending) {
+        if (r->nak_pending && h->type == TB_FRAME_ACK) {
+            uint32_t sack = tb_wire_le32(rx_sack(ch, l));
             flags |= l == 0 ? TB_FRAME_F_NAK0 : TB_FRAME_F_NAK1;
+            if (l == 0) {
+                h->msg_len = sack;
+            } else {
+                h->frag_offset = sack;
+            }
             r->nak_pending = 0;
             ch->cnt.naks_sent++;
         }
@@ -406,13 +529,14 @@ static void hdr_init(tb_wire_frame_hdr_t *h, uint8_t type, unsigned lane)
     h->lane = (uint8_t) lane;
 }
 
-/* Send a header-only frame on lane 0.  HELLO ignores credits: nothing is
- * known about the peer's receives yet, and a lost HELLO is resent. */
-static int tx_ctrl(tb_channel_t *ch, uint8_t type, uint8_t flags)
+/* Send a header-only frame on lane 0.  A HELLO ignores credits (nothing is
+ * known about the peer's receives yet, and a lost HELLO is resent), and so
+ * does a credit probe (see tx_credit_probe). */
+static int tx_ctrl(tb_channel_t *ch, uint8_t type, uint8_t flags, int ignore_credit)
 {
     tb_tx_frame_t *f = ch->ctrl_free;
 
-    if (!f || (type != TB_FRAME_HELLO && !tx_credit_ok(ch, 0, 1))) {
+    if (!f || (!ignore_credit && !tx_credit_ok(ch, 0, 1))) {
         return -1;
     }
     f->buf = ch->link->ops->send_buf_get(ch->link, 0);
@@ -496,6 +620,9 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     f->lane = (uint8_t) lane;
     f->acked = 0;
     f->posted = 0;
+    f->retx = 0;
+    f->sacked = 0;
+    f->sent_ns = ch->now;
     f->len = TB_WIRE_HDR_SIZE + plen;
     if (f->len < t->post_min) {
         f->len = t->post_min; /* the receive has the lane's frame count */
@@ -509,7 +636,6 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
         t->ack_progress_ns = ch->now;
     }
     t->next_seq++;
-    t->retx_next = t->next_seq;
     ch->cnt.data_frames_sent++;
     return tx_post(ch, f, flags);
 }
@@ -533,11 +659,15 @@ static void tx_push(tb_channel_t *ch)
     for (unsigned l = 0; l < ch->p.nlanes && ch->state == CH_ESTABLISHED; l++) {
         tb_tx_lane_t *t = &ch->tx[l];
 
-        while (t->retx_next != t->next_seq && budget > 0) {
+        while (t->retx_next != t->retx_end && budget > 0) {
             tb_tx_frame_t *f = &t->ring[t->retx_next % t->window];
             uint8_t flags;
             if (f->posted) {
                 break; /* the previous post still reads the slot */
+            }
+            if (f->sacked) {
+                t->retx_next++;
+                continue;
             }
             if (!tx_credit_ok(ch, l, 0)) {
                 tx_stall(ch, t);
@@ -551,12 +681,14 @@ static void tx_push(tb_channel_t *ch)
             }
             t->retx_next++;
             budget--;
+            f->retx = 1;
+            f->sent_ns = ch->now;
             ch->cnt.retransmits++;
             if (tx_post(ch, f, flags) != 0) {
                 return;
             }
         }
-        if (t->retx_next != t->next_seq) {
+        if (t->retx_next != t->retx_end) {
             continue;
         }
         while (t->q_cur && budget > 0) {
@@ -574,19 +706,55 @@ static void tx_push(tb_channel_t *ch)
             }
             budget--;
         }
-        if (!t->q_cur && t->retx_next == t->next_seq) {
+        if (!t->q_cur && t->retx_next == t->retx_end) {
             t->stalled = 0;
         }
     }
 }
 
-/* Go back to the oldest unacked frame. */
-static void tx_goback(tb_channel_t *ch, tb_tx_lane_t *t)
+/* Resend from the oldest unacked frame up to (not including) end, or to the
+ * end of a resend already under way. */
+static void tx_goback(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t end)
 {
+    if (t->retx_next == t->retx_end || tb_seq_lt(t->retx_end, end)) {
+        t->retx_end = end;
+    }
     t->retx_next = t->una;
+    t->repair_end = t->retx_end;
     t->timer_start = ch->now;
     t->last_goback_ns = ch->now;
     t->last_goback_una = t->una;
+}
+
+/* A NAK on lane t for the gap at `gap` (the frame's ack + 1), with the
+ * peer's bitmap (0 from a peer that sends none): resend every gap below the
+ * highest held frame.  Gaps already resent within a round trip were NAKed
+ * before that resend could arrive: only gaps above them are new. */
+static void tx_nak(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t gap, uint32_t sack)
+{
+    uint32_t end = gap + 1;
+
+    if (gap != t->una || t->una == t->next_seq) {
+        return; /* an older frame, overtaken by acks since */
+    }
+    for (unsigned i = 0; i < 32 && sack; i++, sack >>= 1) {
+        uint32_t seq = gap + 1 + i;
+        if (!(sack & 1) || !tb_seq_lt(seq, t->next_seq)) {
+            continue;
+        }
+        t->ring[seq % t->window].sacked = 1;
+        end = seq + 1;
+    }
+    if (t->last_goback_una != t->una
+        || ch->now - t->last_goback_ns >= (t->srtt ? t->srtt : t->rto)) {
+        tx_goback(ch, t, end);
+    } else if (tb_seq_lt(t->repair_end, end)) {
+        if (t->retx_next == t->retx_end) {
+            t->retx_next = t->repair_end;
+        }
+        t->retx_end = end;
+        t->repair_end = end;
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -616,12 +784,24 @@ static void tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
 static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
 {
     tb_tx_lane_t *t = &ch->tx[lane];
+    tb_tx_frame_t *newest;
+    uint64_t sent_ns, resent_ns = 0;
 
     if (!tb_seq_lt(t->una, new_una)) {
         return;
     }
+    /* The newest frame this ack covers waited least for it (acks are
+     * coalesced): the best sample, unless it was resent (Karn: whose ack is
+     * it?) or an older frame it covers was resent after it went out (then
+     * it waited behind a gap and measures the repair, not the round trip;
+     * sent after the repair, it arrived after it: a QP does not reorder). */
+    newest = &t->ring[(new_una - 1) % t->window];
+    sent_ns = newest->retx ? 0 : newest->sent_ns;
     while (t->una != new_una) {
         tb_tx_frame_t *f = &t->ring[t->una % t->window];
+        if (f->retx && f->sent_ns > resent_ns) {
+            resent_ns = f->sent_ns;
+        }
         f->acked = 1;
         if (f->req) {
             f->req->frags_acked++;
@@ -632,10 +812,15 @@ static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
         }
         t->una++;
     }
+    if (sent_ns != 0 && sent_ns >= resent_ns) {
+        rtt_sample(ch, lane, ch->now - sent_ns);
+    }
     if (tb_seq_lt(t->retx_next, t->una)) {
         t->retx_next = t->una;
     }
-    t->rto = ch->p.rto_min_ns;
+    if (tb_seq_lt(t->retx_end, t->una)) {
+        t->retx_end = t->una;
+    }
     t->timer_start = ch->now;
     t->ack_progress_ns = ch->now;
     tx_complete_reqs(ch, t);
@@ -699,6 +884,7 @@ static void rx_deliver_ready(tb_channel_t *ch)
             }
             rx_deliver(ch, m->tag, m->data, m->len);
             if (m->slot) {
+                r->nwaiting--;
                 if (ch_usable(ch)) {
                     rx_repost(ch, m->lane, m->slot);
                 }
@@ -722,12 +908,21 @@ static void rx_wait(tb_rx_lane_t *r, tb_rx_msg_t *m)
     r->wait_tail = m;
 }
 
-/* An in-sequence DATA frame.  Returns 1 if the slot is now held. */
-static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
-                   const tb_wire_frame_hdr_t *h)
+/* Whether holding one more receive slot on the lane would leave fewer than
+ * HOLD_SPARE posted: frames after a gap and messages waiting for one on the
+ * other lane must never take the receives that the frames they wait for
+ * need, or two lanes (or two peers) could wait for each other forever. */
+static int rx_slots_low(const tb_channel_t *ch, unsigned lane)
+{
+    const tb_rx_lane_t *r = &ch->rx[lane];
+    return r->nheld + r->nwaiting + HOLD_SPARE >= ch->p.recv_depth[lane];
+}
+
+/* The in-sequence DATA frame.  Returns 1 if the slot is now held. */
+static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
+                     const tb_wire_frame_hdr_t *h)
 {
     tb_rx_lane_t *r = &ch->rx[lane];
-    uint32_t seq = tb_wire_le32(h->seq);
     uint32_t msg_id = tb_wire_le32(h->msg_id);
     uint32_t msg_len = tb_wire_le32(h->msg_len);
     uint32_t off = tb_wire_le32(h->frag_offset);
@@ -735,21 +930,6 @@ static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     unsigned char *payload = buf + TB_WIRE_HDR_SIZE;
     tb_rx_msg_t *m = r->assembling;
     int single;
-
-    if (tb_seq_lt(seq, r->expected)) {
-        ch->cnt.duplicates++;
-        ch->ack_now = 1; /* our ack was probably lost */
-        return 0;
-    }
-    if (seq != r->expected) {
-        ch->cnt.out_of_order++;
-        if (!r->nak_sent) {
-            r->nak_sent = 1;
-            r->nak_pending = 1;
-            ch->ack_now = 1;
-        }
-        return 0;
-    }
 
     if (msg_len > ch->p.max_msg_size || (uint64_t) off + plen > msg_len) {
         rx_drop(ch, &ch->cnt.malformed, "fragment beyond its message", lane);
@@ -791,10 +971,16 @@ static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         if (!m) {
             return 0;
         }
+        /* It waits for a message on the other lane: once this lane runs
+         * low on receives, wait in a copy (see rx_slots_low). */
+        if (rx_slots_low(ch, lane) && !(m->data = malloc(plen ? plen : 1))) {
+            free(m);
+            return 0;
+        }
     }
 
     r->expected++;
-    r->nak_sent = 0;
+    r->ooo_since_nak = 0;
     if (r->unacked++ == 0) {
         r->ack_since = ch->now;
     }
@@ -810,12 +996,18 @@ static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
             rx_deliver_ready(ch);
             return 0;
         }
-        m->slot = buf;
-        m->data = payload;
         m->msg_id = msg_id;
         m->len = plen;
         m->tag = h->tag;
         m->lane = (uint8_t) lane;
+        if (m->data) {
+            memcpy(m->data, payload, plen);
+            rx_wait(r, m);
+            return 0;
+        }
+        m->slot = buf;
+        m->data = payload;
+        r->nwaiting++;
         rx_wait(r, m);
         return 1;
     }
@@ -834,6 +1026,73 @@ static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     rx_wait(r, m);
     rx_deliver_ready(ch);
     return 0;
+}
+
+static void rx_nak(tb_channel_t *ch, tb_rx_lane_t *r)
+{
+    r->nak_pending = 1;
+    r->ooo_since_nak = 0;
+    ch->ack_now = 1;
+}
+
+/* Accept the held frames that are now in sequence; NAK the next gap at once
+ * if frames wait behind it. */
+static void rx_drain(tb_channel_t *ch, unsigned lane)
+{
+    tb_rx_lane_t *r = &ch->rx[lane];
+
+    while (r->nheld > 0 && ch_usable(ch)) {
+        unsigned i = r->expected % ch->p.recv_depth[lane];
+        unsigned char *buf = r->held[i];
+        if (!buf) {
+            rx_nak(ch, r);
+            return;
+        }
+        r->held[i] = NULL;
+        r->nheld--;
+        if (rx_accept(ch, lane, buf, (const tb_wire_frame_hdr_t *) buf) == 0 && ch_usable(ch)) {
+            rx_repost(ch, lane, buf);
+        }
+    }
+}
+
+/* A DATA frame.  Returns 1 if the slot is now held. */
+static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
+                   const tb_wire_frame_hdr_t *h)
+{
+    tb_rx_lane_t *r = &ch->rx[lane];
+    uint32_t seq = tb_wire_le32(h->seq);
+    unsigned depth = ch->p.recv_depth[lane];
+    int held;
+
+    if (tb_seq_lt(seq, r->expected)) {
+        ch->cnt.duplicates++;
+        ch->ack_now = 1; /* our ack was probably lost */
+        return 0;
+    }
+    if (seq != r->expected) {
+        unsigned i = seq % depth;
+        ch->cnt.out_of_order++;
+        /* NAK a new gap at once; while it stays open, again now and then in
+         * case the resend was lost too (the sender ignores NAKs that come
+         * sooner than its resend could have arrived). */
+        if (r->nheld == 0 || ++r->ooo_since_nak >= r->ack_every) {
+            rx_nak(ch, r);
+        }
+        if (seq - r->expected >= depth || rx_slots_low(ch, lane)) {
+            return 0; /* no room: it will be resent */
+        }
+        if (r->held[i]) {
+            ch->cnt.duplicates++;
+            return 0;
+        }
+        r->held[i] = buf;
+        r->nheld++;
+        return 1;
+    }
+    held = rx_accept(ch, lane, buf, h);
+    rx_drain(ch, lane);
+    return held;
 }
 
 /* Validate and process one received frame.  Returns 1 if the slot is held. */
@@ -897,6 +1156,7 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
     ch->last_rx_ns = ch->now;
     if (ch->state == CH_CONNECTING) {
         ch->state = CH_ESTABLISHED;
+        hello_done(ch, h->type);
     }
     for (unsigned l = 0; l < ch->p.nlanes && ch_usable(ch); l++) {
         tb_tx_lane_t *t = &ch->tx[l];
@@ -907,11 +1167,9 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
         tx_ack(ch, l, new_una[l]);
         if (h->flags & (l == 0 ? TB_FRAME_F_NAK0 : TB_FRAME_F_NAK1)) {
             ch->cnt.naks_received++;
-            if (t->una != t->next_seq
-                && (t->last_goback_una != t->una
-                    || ch->now - t->last_goback_ns >= ch->p.rto_min_ns)) {
-                tx_goback(ch, t);
-            }
+            tx_nak(ch, t, new_una[l],
+                   h->type != TB_FRAME_ACK ? 0
+                                           : tb_wire_le32(l == 0 ? h->msg_len : h->frag_offset));
         }
     }
     if (!ch_usable(ch)) {
@@ -986,6 +1244,47 @@ static int credit_update_due(tb_channel_t *ch)
     return 0;
 }
 
+/* A lane without any credit waits for the peer's limit to move, and the
+ * limit moves only when the peer sees a higher tsn or reposts a receive.  If
+ * the last frames sent up to the limit were all lost, it sees none, and if
+ * everything it could repost waits for a resend (held frames, messages
+ * waiting for the other lane), neither happens: both sides would wait until
+ * the peer timeout.  So a lane dry for a retransmit timeout sends one frame
+ * beyond the limit (the oldest unacked frame, else an ACK asking for an
+ * answer): a receive freed by the lost frames takes it and the peer's next
+ * limit counts it; with no receive posted it is lost like any frame. */
+static void tx_credit_probe(tb_channel_t *ch, unsigned l)
+{
+    tb_tx_lane_t *t = &ch->tx[l];
+    tb_tx_frame_t *f = &t->ring[t->una % t->window];
+
+    if (tb_seq_diff(t->peer_limit, t->next_tsn) >= 0) {
+        t->dry_since = 0;
+        return;
+    }
+    if (t->dry_since == 0) {
+        t->dry_since = ch->now ? ch->now : 1;
+        return;
+    }
+    if (ch->now - t->dry_since < t->rto) {
+        return;
+    }
+    t->dry_since = ch->now;
+    if (t->una != t->next_seq) {
+        if (f->posted || f->sacked) {
+            return;
+        }
+        f->retx = 1;
+        f->sent_ns = ch->now;
+        ch->cnt.retransmits++;
+        ch->cnt.credit_probes++;
+        tx_post(ch, f, (((tb_wire_frame_hdr_t *) f->buf)->flags & TB_FRAME_F_PAYLOAD_CRC)
+                           | TB_FRAME_F_RETX | TB_FRAME_F_ACK_REQ);
+    } else if (l == 0 && tx_ctrl(ch, TB_FRAME_ACK, TB_FRAME_F_ACK_REQ, 1) == 0) {
+        ch->cnt.credit_probes++;
+    }
+}
+
 static void progress_timers(tb_channel_t *ch)
 {
     uint64_t now = ch->now;
@@ -998,10 +1297,10 @@ static void progress_timers(tb_channel_t *ch)
             return;
         }
         if (now - ch->last_hello_ns >= ch->hello_ivl && tx_ctrl(ch, TB_FRAME_HELLO,
-                                                                TB_FRAME_F_ACK_REQ) == 0) {
+                                                                TB_FRAME_F_ACK_REQ, 1) == 0) {
             ch->last_hello_ns = now;
-            ch->hello_ivl = ch->hello_ivl * 2 > p->rto_max_ns ? p->rto_max_ns
-                                                               : ch->hello_ivl * 2;
+            ch->hellos_sent++;
+            ch->hello_ivl = rto_clamp(ch, ch->hello_ivl * 2);
         }
         return;
     }
@@ -1010,9 +1309,10 @@ static void progress_timers(tb_channel_t *ch)
                 (unsigned long long) ((now - ch->last_rx_ns) / 1000000));
         return;
     }
-    for (unsigned l = 0; l < p->nlanes; l++) {
+    for (unsigned l = 0; l < p->nlanes && ch_usable(ch); l++) {
         tb_tx_lane_t *t = &ch->tx[l];
-        if (t->una == t->next_seq) {
+        tx_credit_probe(ch, l);
+        if (t->una == t->next_seq || !ch_usable(ch)) {
             continue;
         }
         if (now - t->ack_progress_ns >= p->peer_timeout_ns) {
@@ -1022,8 +1322,8 @@ static void progress_timers(tb_channel_t *ch)
         }
         if (now - t->timer_start >= t->rto) {
             ch->cnt.timeouts++;
-            tx_goback(ch, t);
-            t->rto = t->rto * 2 > p->rto_max_ns ? p->rto_max_ns : t->rto * 2;
+            tx_goback(ch, t, t->next_seq);
+            rto_set(ch, l, rto_clamp(ch, t->rto * 2));
         }
     }
 }
@@ -1054,7 +1354,7 @@ static void progress_ctrl(tb_channel_t *ch)
         need = 1;
     }
     if (need) {
-        tx_ctrl(ch, TB_FRAME_ACK, flags);
+        tx_ctrl(ch, TB_FRAME_ACK, flags, 0);
     }
 }
 
@@ -1067,6 +1367,11 @@ static void clock_advance(tb_channel_t *ch, uint64_t now)
     if (now > ch->now) {
         ch->now = now;
     }
+}
+
+void tb_channel_clock(tb_channel_t *ch, uint64_t now)
+{
+    clock_advance(ch, now);
 }
 
 void tb_channel_progress(tb_channel_t *ch, uint64_t now)
@@ -1120,7 +1425,8 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         t->window = ch->p.send_window[l];
         t->ring = calloc(t->window, sizeof(*t->ring));
         r->bufs = calloc(ch->p.recv_depth[l], sizeof(*r->bufs));
-        if (!t->ring || !r->bufs) {
+        r->held = calloc(ch->p.recv_depth[l], sizeof(*r->held));
+        if (!t->ring || !r->bufs || !r->held) {
             goto fail;
         }
         for (unsigned i = 0; i < t->window; i++) {
@@ -1128,11 +1434,13 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         }
         t->frag_cap = ch->p.frame_size[l] - TB_WIRE_HDR_SIZE;
         t->post_min = (frames - 1) * TB_WIRE_HW_FRAME + 1;
-        t->una = t->next_seq = t->retx_next = ch->p.initial_seq[l];
+        t->una = t->next_seq = t->retx_next = t->retx_end = ch->p.initial_seq[l];
         t->next_tsn = ch->p.initial_seq[l];
         t->peer_limit = ch->p.initial_seq[l] - 1;
-        t->rto = ch->p.rto_min_ns;
         r->ack_every = ch->p.recv_depth[l] / 4 ? ch->p.recv_depth[l] / 4 : 1;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        rto_set(ch, l, rto_clamp(ch, ch->p.rto_initial_ns));
     }
     for (unsigned i = 0; i < CTRL_FRAMES; i++) {
         ch->ctrl[i].is_ctrl = 1;
@@ -1146,6 +1454,7 @@ fail:
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         free(ch->tx[l].ring);
         free(ch->rx[l].bufs);
+        free(ch->rx[l].held);
     }
     free(ch);
     return TB_CHAN_ENOMEM;
@@ -1174,6 +1483,7 @@ void tb_channel_destroy(tb_channel_t *ch)
         }
         free(t->ring);
         free(r->bufs);
+        free(r->held);
     }
     for (unsigned i = 0; i < CTRL_FRAMES; i++) {
         if (ch->ctrl[i].buf) {
@@ -1259,8 +1569,10 @@ int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t no
     ch->connect_ns = ch->now;
     ch->last_rx_ns = ch->now;
     ch->last_hello_ns = ch->now;
-    ch->hello_ivl = ch->p.rto_min_ns;
-    if (tx_ctrl(ch, TB_FRAME_HELLO, TB_FRAME_F_ACK_REQ) != 0 && !ch_usable(ch)) {
+    ch->hello_ivl = rto_clamp(ch, ch->p.rto_initial_ns);
+    if (tx_ctrl(ch, TB_FRAME_HELLO, TB_FRAME_F_ACK_REQ, 1) == 0) {
+        ch->hellos_sent = 1;
+    } else if (!ch_usable(ch)) {
         return ch->status;
     }
     return TB_CHAN_OK;
@@ -1346,7 +1658,7 @@ void tb_channel_close(tb_channel_t *ch)
         return;
     }
     if (ch->state == CH_ESTABLISHED) {
-        tx_ctrl(ch, TB_FRAME_CLOSE, 0);
+        tx_ctrl(ch, TB_FRAME_CLOSE, 0, 0);
     }
     if (ch_usable(ch)) {
         ch->state = CH_CLOSED;

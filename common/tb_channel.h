@@ -7,8 +7,9 @@
  *  - messages are fragmented into frames of their lane's size and delivered
  *    once, in send order across both lanes, intact;
  *  - credits: no frame is sent unless the peer has advertised a receive for it;
- *  - cumulative acks, go-back-N retransmission on timeout (exponential
- *    backoff) or on a NAK, duplicate suppression;
+ *  - cumulative and selective acks; selective retransmission on a NAK or on
+ *    timeout (an adaptive timeout from measured round trips, exponential
+ *    backoff); duplicate suppression;
  *  - CRC32C on every header (and payloads, unless switched off);
  *  - keepalives, peer-death and peer-restart detection.
  *
@@ -57,17 +58,21 @@ typedef struct tb_channel_params {
     int payload_crc;                             /* also checksum payloads */
     uint32_t max_msg_size;                       /* largest message accepted or sent */
     uint64_t ack_delay_ns;                       /* coalesce acks for at most this */
-    uint64_t rto_min_ns;                         /* first retransmit timeout */
-    uint64_t rto_max_ns;                         /* backoff bound */
+    uint64_t rto_min_ns;                         /* floor of the retransmit timeout */
+    uint64_t rto_initial_ns;                     /* timeout and HELLO interval before the
+                                                  * first round-trip sample (clamped to
+                                                  * [rto_min_ns, rto_max_ns]) */
+    uint64_t rto_max_ns;                         /* ceiling, also of the backoff */
     uint64_t keepalive_ns;                       /* idle time before a keepalive */
     uint64_t peer_timeout_ns;                    /* silence before the peer is dead */
     unsigned max_frames_per_progress;            /* bound on posts per progress call */
 } tb_channel_params_t;
 
 /* Defaults: 2 lanes (4 KiB and 64 KiB), depth 32, window 32, payload CRC on,
- * 64 MiB messages, ack delay 20 us, RTO 1 ms..128 ms, keepalive 100 ms, peer
- * timeout 5 s, 64 frames per progress.  epoch and initial_seq are left 0:
- * the caller must set a random, non-zero epoch. */
+ * 64 MiB messages, ack delay 20 us, RTO 200 us..128 ms (10 ms before the
+ * first round-trip sample), keepalive 100 ms, peer timeout 5 s, 64 frames per
+ * progress.  epoch and initial_seq are left 0: the caller must set a random,
+ * non-zero epoch. */
 void tb_channel_params_default(tb_channel_params_t *params);
 
 /* 0 if params are usable, else TB_CHAN_EINVAL with a sentence naming the
@@ -110,10 +115,17 @@ typedef struct tb_channel_counters {
     uint64_t malformed;        /* bad magic/version/type/lane/length/offset */
     uint64_t stale;            /* frames of another incarnation */
     uint64_t credit_stalls;    /* times data waited for peer credit */
+    uint64_t credit_probes;    /* frames sent beyond the peer's limit after a lane stayed
+                                * without credit for a retransmit timeout */
     uint64_t msgs_sent;        /* sends completed OK */
     uint64_t msgs_received;    /* messages delivered */
     uint64_t bytes_sent;
     uint64_t bytes_received;
+    uint64_t rtt_samples;      /* round trips measured (Karn's rule: see tb_channel.c) */
+    /* Gauges, per lane: the smoothed round trip (0 before the first sample)
+     * and the current retransmit timeout. */
+    uint64_t srtt_ns[TB_WIRE_MAX_LANES];
+    uint64_t rto_ns[TB_WIRE_MAX_LANES];
 } tb_channel_counters_t;
 
 /* Create a channel over link (which must outlive it).  On TB_CHAN_EINVAL the
@@ -147,6 +159,12 @@ void tb_channel_close(tb_channel_t *ch);
 /* Link completions (from the caller's poll of the link). */
 void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status);
 void tb_channel_recv_done(tb_channel_t *ch, unsigned lane, void *buf, size_t len, int status);
+
+/* The time (ns, monotonic) before reporting a batch of completions: acks in
+ * them are then timed at the poll rather than at the previous progress call,
+ * which keeps round-trip samples from coming out short when polls are far
+ * apart.  Optional; progress advances the clock too. */
+void tb_channel_clock(tb_channel_t *ch, uint64_t now);
 
 /* Timers, retransmissions, acks, credits, queued sends.  Bounded work, never
  * blocks.  Call after reporting a batch of completions and periodically. */

@@ -188,6 +188,11 @@ int tb_domain_progress(tb_domain_t *d, uint64_t now_ns)
     struct ibv_wc wc[MAX_POLL_BATCH];
     int total = 0;
 
+    for (int i = 0; i < d->p.qp_budget; i++) {
+        if (d->slots[i].conn) {
+            tb_channel_clock(d->slots[i].conn->ch, now_ns);
+        }
+    }
     for (unsigned round = 0; round < d->p.poll_rounds; round++) {
         int n = ibv_poll_cq(d->cq, (int) d->p.poll_batch, wc);
         if (n < 0) {

@@ -20,7 +20,7 @@ void tb_tunables_defaults(tb_tunables_t *t)
     t->recv_depth = TB_APPLE_MAX_RECV_DEPTH;
     t->qps_per_device = TB_APPLE_MAX_QP;
     t->peer_timeout_ms = 5000;
-    t->rto_min_us = 2000;
+    t->rto_min_us = 200;
     t->checksum = TB_CHECKSUM_FULL;
 }
 

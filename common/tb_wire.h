@@ -68,8 +68,11 @@ typedef struct __attribute__((packed)) tb_wire_frame_hdr {
     uint32_t ack[TB_WIRE_MAX_LANES];
     uint32_t credit[TB_WIRE_MAX_LANES];
     uint32_t msg_id;      /* channel-wide message number: delivery order */
-    uint32_t msg_len;     /* total message length */
-    uint32_t frag_offset; /* offset of this payload in the message */
+    uint32_t msg_len;     /* DATA: total message length; ACK with TB_FRAME_F_NAK0:
+                           * lane 0's held-frames bitmap (bit i: seq ack[0] + 2 + i
+                           * is held by the receiver and need not be resent) */
+    uint32_t frag_offset; /* DATA: offset of this payload in the message; ACK with
+                           * TB_FRAME_F_NAK1: lane 1's held-frames bitmap */
     uint32_t payload_len; /* payload bytes in this frame */
     uint8_t tag;          /* user tag */
     uint8_t reserved[7];  /* zero */

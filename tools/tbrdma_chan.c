@@ -392,11 +392,11 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
 
 static void progress(void)
 {
-    uint64_t t = now_ns();
     if (A.cm) {
-        tb_cm_progress(A.cm, t);
+        tb_cm_progress(A.cm, now_ns());
     }
-    tb_domain_progress(A.domain, t);
+    /* Read the clock again: the channel times acks by it. */
+    tb_domain_progress(A.domain, now_ns());
 }
 
 /* ------------------------------------------------------------------ */
@@ -407,13 +407,16 @@ static void print_counters(const char *who)
     const tb_channel_counters_t *c = tb_channel_counters(A.ch);
     printf("%s counters: frames_sent=%llu frames_received=%llu retransmits=%llu timeouts=%llu "
            "naks_sent=%llu duplicates=%llu out_of_order=%llu bad_checksums=%llu malformed=%llu "
-           "credit_stalls=%llu msgs_sent=%llu msgs_received=%llu\n",
+           "credit_stalls=%llu msgs_sent=%llu msgs_received=%llu rtt_samples=%llu "
+           "srtt_us=%.1f/%.1f rto_us=%.1f/%.1f\n",
            who, (unsigned long long) c->frames_sent, (unsigned long long) c->frames_received,
            (unsigned long long) c->retransmits, (unsigned long long) c->timeouts,
            (unsigned long long) c->naks_sent, (unsigned long long) c->duplicates,
            (unsigned long long) c->out_of_order, (unsigned long long) c->bad_checksum,
            (unsigned long long) c->malformed, (unsigned long long) c->credit_stalls,
-           (unsigned long long) c->msgs_sent, (unsigned long long) c->msgs_received);
+           (unsigned long long) c->msgs_sent, (unsigned long long) c->msgs_received,
+           (unsigned long long) c->rtt_samples, c->srtt_ns[0] / 1e3, c->srtt_ns[1] / 1e3,
+           c->rto_ns[0] / 1e3, c->rto_ns[1] / 1e3);
 }
 
 /* Queue stream messages while fewer than 4 (and < 40 MiB) are unacked. */
@@ -656,7 +659,7 @@ static void usage(FILE *f)
             "                       4095 hardware frames)\n"
             "  --window N           unacked frames per lane (default: depth)\n"
             "  --peer-timeout MS    silence before the peer is dead (default 5000)\n"
-            "  --rto-min US         first retransmit timeout (default 2000)\n"
+            "  --rto-min US         floor of the adaptive retransmit timeout (default 200)\n"
             "  --checksum full|header\n"
             "  --seed S --total MIB --max-size BYTES   stream (defaults 1, 256, 16 MiB)\n"
             "  --size BYTES --iters N                  lat, bw (defaults 8, 1000)\n"
@@ -748,6 +751,7 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     tb_tunables_t tun;
+    int rto_given = 0;
     const char *device = NULL, *connect_to = NULL, *fault_file = NULL;
     char ip[INET_ADDRSTRLEN] = "", err[256];
     unsigned port = 0, window = 0;
@@ -780,7 +784,9 @@ int main(int argc, char **argv)
         case O_WINDOW: window = (unsigned) parse_num("--window", optarg, 1, 4096); break;
         case O_PTO: tun.peer_timeout_ms = (uint32_t) parse_num("--peer-timeout", optarg, 1,
                                                                86400000); break;
-        case O_RTO: tun.rto_min_us = (uint32_t) parse_num("--rto-min", optarg, 1, 10000000);
+        case O_RTO:
+            tun.rto_min_us = (uint32_t) parse_num("--rto-min", optarg, 1, 10000000);
+            rto_given = 1;
             break;
         case O_CSUM:
             tun.checksum = tb_checksum_mode_parse(optarg);
@@ -850,7 +856,14 @@ int main(int argc, char **argv)
     chan_params.recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
     chan_params.payload_crc = tun.checksum == TB_CHECKSUM_FULL;
     chan_params.peer_timeout_ns = (uint64_t) tun.peer_timeout_ms * 1000000ull;
-    chan_params.rto_min_ns = (uint64_t) tun.rto_min_us * 1000ull;
+    /* The channel's floor, unless asked: the timeout adapts to the measured
+     * round trip, so the tunables' older, longer default is not needed. */
+    if (rto_given) {
+        chan_params.rto_min_ns = (uint64_t) tun.rto_min_us * 1000ull;
+        if (chan_params.rto_max_ns < chan_params.rto_min_ns) {
+            chan_params.rto_max_ns = chan_params.rto_min_ns;
+        }
+    }
     if (chan_params.keepalive_ns * 2 > chan_params.peer_timeout_ns) {
         chan_params.keepalive_ns = chan_params.peer_timeout_ns / 4;
     }

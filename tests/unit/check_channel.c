@@ -562,7 +562,9 @@ START_TEST(test_everything_at_once)
 END_TEST
 
 /* The receiver polls one completion per step: data must wait for credit and
- * no frame may ever arrive without a receive posted for it. */
+ * no frame may arrive without a receive posted for it, except the probes a
+ * sender makes after a retransmit timeout without credit (a receiver that
+ * stops polling for 100 ms looks like that). */
 START_TEST(test_slow_receiver)
 {
     tb_lossy_cfg_t cfg;
@@ -581,7 +583,10 @@ START_TEST(test_slow_receiver)
     tb_lossy_set_dead(pr->net, 1, 0);
     ck_assert(run_until(pr, all_done, 30000 * MS));
     check_clean(pr);
-    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 0);
+    ck_assert_uint_le(tb_lossy_stats(pr->net)->no_recv_drops,
+                      tb_channel_counters(pr->p[0].ch)->credit_probes
+                          + tb_channel_counters(pr->p[1].ch)->credit_probes);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->credit_probes, 0);
     ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->credit_stalls, 0);
     pair_free(pr);
 }
@@ -610,15 +615,251 @@ START_TEST(test_bidirectional_saturation)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Adaptive retransmit timeout                                         */
+
+static pair_t *delay_pair(uint64_t delay_ns, double loss, uint64_t seed)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    cfg.delay_ns = delay_ns;
+    cfg.loss = loss;
+    cfg.seed = seed;
+    p.peer_timeout_ns = 5000 * MS;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 2000 * MS));
+    return pr;
+}
+
+/* Ping-pong of n messages of len bytes from side 0, one at a time. */
+static void ping_pong(pair_t *pr, unsigned n, size_t len)
+{
+    for (unsigned i = 0; i < n; i++) {
+        unsigned want = pr->flow[0].nrecv + 1;
+        ck_assert_int_eq(send_msg(pr, 0, len, 1), TB_CHAN_OK);
+        ck_assert(run_until(pr, all_done, 5000 * MS));
+        ck_assert_int_eq(send_msg(pr, 1, len, 2), TB_CHAN_OK);
+        ck_assert(run_until(pr, all_done, 5000 * MS));
+        ck_assert_uint_eq(pr->flow[0].nrecv, want);
+    }
+}
+
+static uint64_t retransmits(pair_t *pr)
+{
+    return tb_channel_counters(pr->p[0].ch)->retransmits
+           + tb_channel_counters(pr->p[1].ch)->retransmits;
+}
+
+/* A round trip of 40 ms: 200 times the timeout's floor and 4 times the
+ * initial timeout.  The HELLOs are retried (their answer takes longer than
+ * the initial interval), the estimate is learnt from the traffic, and not a
+ * single frame is sent twice: a fixed timeout at the floor would resend
+ * every frame about 200 times. */
+START_TEST(test_rtt_long_delay)
+{
+    pair_t *pr = delay_pair(20 * MS, 0, 30);
+    const tb_channel_counters_t *c0 = tb_channel_counters(pr->p[0].ch);
+
+    ck_assert_uint_gt(c0->ctrl_frames_sent, 1); /* HELLO retried */
+    ping_pong(pr, 5, 8);
+    mixed_traffic(pr, 200, 31, 1);
+    ck_assert(run_until(pr, all_done, 60000 * MS));
+    ping_pong(pr, 5, 100000);
+    check_clean(pr);
+    ck_assert_uint_eq(retransmits(pr), 0);
+    ck_assert_uint_eq(c0->timeouts + tb_channel_counters(pr->p[1].ch)->timeouts, 0);
+    ck_assert_uint_eq(tb_channel_counters(pr->p[1].ch)->duplicates, 0);
+    ck_assert_uint_ge(c0->rtt_samples, 10);
+    /* Lane 0 round trips: 40 ms plus at most the ack delay and a few steps. */
+    ck_assert_uint_ge(c0->srtt_ns[0], 40 * MS);
+    ck_assert_uint_le(c0->srtt_ns[0], 41 * MS);
+    ck_assert_uint_ge(c0->srtt_ns[1], 40 * MS);
+    ck_assert_uint_ge(c0->rto_ns[0], c0->srtt_ns[0]);
+    ck_assert_uint_le(c0->rto_ns[0], pr->params[0].rto_max_ns);
+    pair_free(pr);
+}
+END_TEST
+
+/* One HELLO answered: the handshake alone gives lane 0 its round trip, so
+ * even the first message cannot time out early; and on a fast wire the
+ * timeout sits at its floor. */
+START_TEST(test_rtt_hello_sample)
+{
+    pair_t *pr;
+    const tb_channel_counters_t *c;
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    tb_wire_addr_t a[2];
+
+    /* Side 1 connects after side 0's HELLO reached it before it had posted
+     * receives (lost), so side 1's own HELLO is answered by an ACK. */
+    std_setup(&cfg, &p);
+    cfg.delay_ns = 3 * MS; /* round trip 6 ms, under the 10 ms initial timeout */
+    pr = pair_new(&cfg, &p);
+    pair_create_side(pr, 0);
+    pair_create_side(pr, 1);
+    tb_channel_local_addr(pr->p[0].ch, &a[0]);
+    tb_channel_local_addr(pr->p[1].ch, &a[1]);
+    ck_assert_int_eq(tb_channel_connect(pr->p[0].ch, &a[1], pr->now), TB_CHAN_OK);
+    run_for(pr, 4 * MS);
+    ck_assert_uint_eq(tb_lossy_stats(pr->net)->no_recv_drops, 1);
+    ck_assert_int_eq(tb_channel_connect(pr->p[1].ch, &a[0], pr->now), TB_CHAN_OK);
+    ck_assert(run_until(pr, both_connected, 100 * MS));
+    c = tb_channel_counters(pr->p[1].ch);
+    ck_assert_uint_eq(c->rtt_samples, 1);
+    ck_assert_uint_ge(c->srtt_ns[0], 6 * MS - 10000);
+    ck_assert_uint_le(c->srtt_ns[0], 6 * MS + 200000);
+    ck_assert_uint_eq(c->rto_ns[0], 3 * c->srtt_ns[0]);
+    pair_free(pr);
+
+    pr = std_pair(0, 0, 0, 0, 32);
+    mixed_traffic(pr, 50, 33, 1);
+    ck_assert(run_until(pr, all_done, 1000 * MS));
+    c = tb_channel_counters(pr->p[0].ch);
+    ck_assert_uint_gt(c->srtt_ns[0], 0);
+    ck_assert_uint_lt(c->srtt_ns[0], 100000);
+    ck_assert_uint_eq(c->rto_ns[0], pr->params[0].rto_min_ns);
+    pair_free(pr);
+}
+END_TEST
+
+/* The wire slows down 300-fold mid-connection: the first frames after the
+ * change time out (the estimate was 30 us), the timeout backs off until a
+ * frame is acked unambiguously, and from then on nothing is resent. */
+START_TEST(test_rtt_adapts)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 34);
+    tb_lossy_cfg_t cfg = pr->cfg;
+    uint64_t r1, r2;
+
+    ping_pong(pr, 20, 8);
+    ck_assert_uint_eq(retransmits(pr), 0);
+    cfg.delay_ns = 5 * MS;
+    tb_lossy_set_cfg(pr->net, &cfg);
+    ping_pong(pr, 20, 8);
+    r1 = retransmits(pr);
+    ck_assert_uint_gt(r1, 0);  /* the first few after the change */
+    ck_assert_uint_le(r1, 16); /* backoff: ~6 expiries per side */
+    mixed_traffic(pr, 100, 35, 1);
+    ck_assert(run_until(pr, all_done, 60000 * MS));
+    ping_pong(pr, 20, 8);
+    r2 = retransmits(pr);
+    ck_assert_uint_eq(r2, r1);
+    check_clean(pr);
+    ck_assert_uint_ge(tb_channel_counters(pr->p[0].ch)->srtt_ns[0], 9 * MS);
+    pair_free(pr);
+}
+END_TEST
+
+/* Loss on a slow wire: recovery still works (NAKs, selective resends,
+ * timeouts), repairs do not inflate the round-trip estimate (an ack that
+ * covers a resent frame gives no sample), and timeouts stay rarer than
+ * losses: NAKs repair most gaps within a round trip. */
+START_TEST(test_rtt_loss_long_delay)
+{
+    pair_t *pr = delay_pair(2 * MS, 0.02, 36);
+    uint64_t lost, timeouts = 0;
+
+    mixed_traffic(pr, 300, 37, 1);
+    ck_assert(run_until(pr, all_done, 120000 * MS));
+    check_clean(pr);
+    lost = tb_lossy_stats(pr->net)->lost;
+    ck_assert_uint_gt(lost, 0);
+    ck_assert_uint_gt(retransmits(pr), 0);
+    for (int i = 0; i < 2; i++) {
+        const tb_channel_counters_t *c = tb_channel_counters(pr->p[i].ch);
+        timeouts += c->timeouts;
+        ck_assert_uint_gt(c->naks_received, 0);
+        ck_assert_uint_ge(c->srtt_ns[0], 4 * MS - 10000);
+        ck_assert_uint_le(c->srtt_ns[0], 4 * MS + 200000);
+    }
+    ck_assert_uint_le(timeouts, lost / 2);
+    pair_free(pr);
+}
+END_TEST
+
+/* Selective repeat: frames after a gap are held and acknowledged selectively,
+ * so a loss costs about one resend, not the window behind it (go-back-N
+ * resends up to 31 frames per loss here). */
+START_TEST(test_selective_repeat)
+{
+    pair_t *pr = std_pair(0.05, 0, 0, 0, 38);
+    uint64_t lost;
+
+    mixed_traffic(pr, 400, 39, 0);
+    ck_assert(run_until(pr, all_done, 20000 * MS));
+    check_clean(pr);
+    lost = tb_lossy_stats(pr->net)->lost;
+    ck_assert_uint_gt(lost, 20);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[0].ch)->naks_received, 0);
+    ck_assert_uint_gt(tb_channel_counters(pr->p[1].ch)->out_of_order, 0);
+    ck_assert_uint_le(retransmits(pr), 2 * lost);
+    pair_free(pr);
+}
+END_TEST
+
+/* Heavy loss on small bulk frames, both ways, with many single-frame
+ * messages on both lanes: frames held after gaps and messages waiting for
+ * the other lane must never take every receive of a lane, or the frames
+ * they wait for could never be resent (the lanes would wait for each other
+ * until the peer timeout). */
+START_TEST(test_held_slots_bounded)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    uint64_t x = 40;
+
+    std_setup(&cfg, &p);
+    cfg.loss = 0.3;
+    cfg.seed = 41;
+    cfg.frame_size[1] = p.frame_size[1] = 8192;
+    p.peer_timeout_ns = 10000 * MS; /* ample for many backed-off resends */
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 2000 * MS));
+    for (unsigned i = 0; i < 3000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        /* single lane-0 frames, single bulk frames (4017..8112 B), and a
+         * few multi-frame messages */
+        size_t len = (x >> 60) < 7 ? (x >> 20) % 4000 : (x >> 60) < 14 ? 4017 + (x >> 20) % 4096
+                                                                         : (x >> 20) % 40000;
+        ck_assert_int_eq(send_msg(pr, (int) (i & 1), len, (uint8_t) x), TB_CHAN_OK);
+        while (tb_channel_pending_sends(pr->p[0].ch) + tb_channel_pending_sends(pr->p[1].ch)
+               > 200) {
+            pair_step(pr);
+        }
+    }
+    ck_assert(run_until(pr, all_done, 60000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
 /* Everything is lost for a while: retransmit timeouts back off
- * exponentially (1, 2, 4 ... ms) instead of firing every ms. */
+ * exponentially (1, 2, 4 ... ms) instead of firing every ms.  The round trip
+ * is ~30 us, so the timeout starts at its floor, set to 1 ms here. */
 START_TEST(test_backoff)
 {
-    pair_t *pr = std_pair(0, 0, 0, 0, 8);
-    tb_lossy_cfg_t cfg = pr->cfg;
-    const tb_channel_counters_t *c = tb_channel_counters(pr->p[0].ch);
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    const tb_channel_counters_t *c;
     uint64_t t0, rtx0;
 
+    std_setup(&cfg, &p);
+    cfg.seed = 8;
+    p.rto_min_ns = 1 * MS;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 100 * MS));
+    ping_pong(pr, 3, 8);
+    c = tb_channel_counters(pr->p[0].ch);
+    ck_assert_uint_eq(c->rto_ns[0], 1 * MS);
     cfg.loss = 1.0;
     tb_lossy_set_cfg(pr->net, &cfg);
     ck_assert_int_eq(send_msg(pr, 0, 1000, 1), TB_CHAN_OK);
@@ -639,6 +880,7 @@ START_TEST(test_backoff)
     pair_free(pr);
 }
 END_TEST
+
 
 static int p0_failed(pair_t *pr)
 {
@@ -1025,6 +1267,12 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_slow_receiver);
     tcase_add_test(tc, test_bidirectional_saturation);
     tcase_add_test(tc, test_backoff);
+    tcase_add_test(tc, test_rtt_long_delay);
+    tcase_add_test(tc, test_rtt_hello_sample);
+    tcase_add_test(tc, test_rtt_adapts);
+    tcase_add_test(tc, test_rtt_loss_long_delay);
+    tcase_add_test(tc, test_selective_repeat);
+    tcase_add_test(tc, test_held_slots_bounded);
     tcase_add_test(tc, test_peer_death_pending);
     tcase_add_test(tc, test_peer_death_idle);
     tcase_add_test(tc, test_connect_timeout);
