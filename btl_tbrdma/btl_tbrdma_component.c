@@ -123,8 +123,8 @@ static int tbrdma_component_register(void)
                   "declared dead and the job is told",
                   OPAL_INFO_LVL_4, &t->peer_timeout_ms);
     register_uint("rto_min",
-                  "Microseconds before the first retransmission of an unacknowledged frame "
-                  "(doubles on each retry)",
+                  "Floor, in microseconds, of the retransmit timeout of an unacknowledged "
+                  "frame (the timeout follows the measured round trip and doubles on each retry)",
                   OPAL_INFO_LVL_6, &t->rto_min_us);
     if (OPAL_SUCCESS ==
         mca_base_var_enum_create("btl_tbrdma_checksum", checksum_values, &checksum_enum)) {

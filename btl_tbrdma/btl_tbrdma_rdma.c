@@ -165,10 +165,16 @@ mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_mod
 int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
                                   mca_btl_base_registration_handle_t *handle)
 {
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
     BTL_TBRDMA_VERBOSE(50, "withdrew key %016llx", (unsigned long long) handle->key);
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
-    (void) tb_rma_deregister(&mca_btl_tbrdma_component.rma, handle->key);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    /* Open MPI's registration caches may hand handles back after the
+     * component closed; by then the table is gone and nothing is exposed. */
+    if (c->started) {
+        OPAL_THREAD_LOCK(&c->lock);
+        (void) tb_rma_deregister(&c->rma, handle->key);
+        OPAL_THREAD_UNLOCK(&c->lock);
+    }
     free(handle);
     return OPAL_SUCCESS;
 }
