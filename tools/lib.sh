@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# Shared by tools/test-all and tools/run-job (sourced): set-up of a Debian
+# machine, the build, and reporting.
+set -euo pipefail
+
+TB_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TB_BUILD=${TBRDMA_BUILD_DIR:-$TB_TOP/build/host}
+
+# What the build, the tests and the virtual cluster need from Debian.
+TB_DEBIAN_PACKAGES=(
+    build-essential autoconf automake libtool pkg-config
+    libopenmpi-dev openmpi-bin libibverbs-dev check libhwloc-dev
+    qemu-system-x86 qemu-utils debootstrap e2fsprogs iproute2 util-linux
+    ca-certificates file
+)
+
+tb_log() {
+    printf '\n==> %s\n' "$*"
+}
+
+tb_die() {
+    printf 'tbrdma: %s\n' "$*" >&2
+    exit 1
+}
+
+# Install whatever is missing (Debian/Ubuntu, as root); elsewhere say what
+# is needed rather than guess a package manager.
+tb_install_deps() {
+    local missing=() p
+    command -v dpkg-query > /dev/null ||
+        tb_die "not a Debian-like system: install by hand ${TB_DEBIAN_PACKAGES[*]} (see README.md)"
+    for p in "${TB_DEBIAN_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] ||
+        tb_die "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})"
+    tb_log "installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# Configure (once) and build this checkout out of tree in $TB_BUILD.
+tb_build() {
+    if [ ! -x "$TB_TOP/configure" ] || [ "$TB_TOP/configure.ac" -nt "$TB_TOP/configure" ]; then
+        (cd "$TB_TOP" && ./autogen.sh)
+    fi
+    mkdir -p "$TB_BUILD"
+    if [ ! -f "$TB_BUILD/Makefile" ]; then
+        (cd "$TB_BUILD" && "$TB_TOP/configure" "$@")
+    fi
+    make -C "$TB_BUILD" -j"$(nproc)"
+}
