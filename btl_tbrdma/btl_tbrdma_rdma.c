@@ -97,6 +97,20 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     return rc;
 }
 
+static int start_locked(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
+                        uint64_t remote_address, mca_btl_base_registration_handle_t *local_handle,
+                        mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                        mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
+{
+    int rc;
+
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    rc = start(endpoint, tag, local_address, remote_address, local_handle, remote_handle, size,
+               cbfunc, cbcontext, cbdata);
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    return rc;
+}
+
 int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
                        void *local_address, uint64_t remote_address,
                        mca_btl_base_registration_handle_t *local_handle,
@@ -104,13 +118,8 @@ int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                        void *cbdata)
 {
-    int rc;
-
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
-    rc = start(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle, remote_handle,
-               size, cbfunc, cbcontext, cbdata);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
-    return rc;
+    return start_locked(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
+                        remote_handle, size, cbfunc, cbcontext, cbdata);
 }
 
 int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
@@ -120,13 +129,8 @@ int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                        void *cbdata)
 {
-    int rc;
-
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
-    rc = start(endpoint, TB_TAG_RMA_GET_REQ, local_address, remote_address, local_handle,
-               remote_handle, size, cbfunc, cbcontext, cbdata);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
-    return rc;
+    return start_locked(endpoint, TB_TAG_RMA_GET_REQ, local_address, remote_address, local_handle,
+                        remote_handle, size, cbfunc, cbcontext, cbdata);
 }
 
 mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_module_t *btl,

@@ -93,8 +93,5 @@ tb_channel_t *tb_conn_channel(tb_conn_t *c);
  * TB_CHAN_ECANCELED), then the registered chunk.  Not from a callback. */
 void tb_conn_destroy(tb_conn_t *c);
 
-/* A random non-zero 64-bit value (incarnation epochs, first sequence
- * numbers). */
-uint64_t tb_random64(void);
 
 #endif /* TB_DOMAIN_H */

@@ -2,12 +2,10 @@
  * tbrdma common layer: memory this process exposes to its peers' put/get.
  */
 #include "tb_rma.h"
+#include "tb_random.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #define TB_RMA_MIN_CAPACITY 64
 
@@ -26,23 +24,6 @@ static uint64_t next_key(tb_rma_table_t *t)
     return z;
 }
 
-static uint64_t os_seed(void)
-{
-    uint64_t seed = 0;
-    struct timespec ts;
-    int fd = open("/dev/urandom", O_RDONLY);
-
-    if (fd >= 0) {
-        if (read(fd, &seed, sizeof(seed)) != (ssize_t) sizeof(seed)) {
-            seed = 0;
-        }
-        close(fd);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return seed ^ ((uint64_t) ts.tv_sec << 32) ^ (uint64_t) ts.tv_nsec ^
-           ((uint64_t) getpid() << 16);
-}
-
 static size_t slot_of(const tb_rma_table_t *t, uint64_t key)
 {
     return (size_t) (key * 0x9e3779b97f4a7c15ull >> 7) & (t->capacity - 1);
@@ -56,7 +37,7 @@ int tb_rma_table_init(tb_rma_table_t *t, uint64_t seed)
     if (NULL == t->slots) {
         return -1;
     }
-    t->rng = seed ? seed : os_seed();
+    t->rng = seed ? seed : tb_random64();
     return 0;
 }
 
