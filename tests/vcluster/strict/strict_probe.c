@@ -40,6 +40,10 @@ struct probe {
     char *buf;
     struct ibv_mr *mr;
     union ibv_gid gid;
+    /* Completions polled while waiting for another QP's. Send and receive completions
+     * share one CQ and come in either order; dropping one loses its message's result. */
+    struct ibv_wc held[64];
+    int nheld;
     int passed;
     int failed;
 };
@@ -176,21 +180,40 @@ static long now_ms(void)
 
 /* Waits up to PROBE_TIMEOUT_MS for a completion of QP_NUM (send or receive side, as
  * RECV says); other completions are discarded. Returns false on timeout. */
+static bool wc_matches(const struct ibv_wc *wc, uint32_t qp_num, bool recv)
+{
+    return wc->qp_num == qp_num &&
+           (IBV_WC_SUCCESS == wc->status ? (0 != (wc->opcode & IBV_WC_RECV)) == recv : true);
+}
+
 static bool wait_wc(struct probe *p, uint32_t qp_num, bool recv, struct ibv_wc *out)
 {
     long deadline = now_ms() + PROBE_TIMEOUT_MS;
     struct ibv_wc wc;
 
+    for (int i = 0; i < p->nheld; ++i) {
+        if (wc_matches(&p->held[i], qp_num, recv)) {
+            *out = p->held[i];
+            memmove(&p->held[i], &p->held[i + 1], (p->nheld - i - 1) * sizeof(wc));
+            --p->nheld;
+            return true;
+        }
+    }
     while (now_ms() < deadline) {
         int n = ibv_poll_cq(p->cq, 1, &wc);
         if (n < 0) {
             fprintf(stderr, "strict_probe: ibv_poll_cq failed (%d)\n", n);
             return false;
         }
-        if (1 == n && wc.qp_num == qp_num &&
-            (IBV_WC_SUCCESS == wc.status ? (0 != (wc.opcode & IBV_WC_RECV)) == recv : true)) {
+        if (1 != n) {
+            continue;
+        }
+        if (wc_matches(&wc, qp_num, recv)) {
             *out = wc;
             return true;
+        }
+        if (p->nheld < (int) (sizeof(p->held) / sizeof(p->held[0]))) {
+            p->held[p->nheld++] = wc;
         }
     }
     return false;
@@ -212,6 +235,7 @@ static void drain_cq(struct probe *p, int ms)
     while (now_ms() < deadline) {
         ibv_poll_cq(p->cq, 1, &wc);
     }
+    p->nheld = 0;
 }
 
 /* ---- the checks ---- */
