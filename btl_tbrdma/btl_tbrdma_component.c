@@ -147,10 +147,9 @@ static int tbrdma_component_register(void)
     m->btl_rdma_pipeline_send_length = 64 * 1024;
     m->btl_rdma_pipeline_frag_size = TBRDMA_RMA_LIMIT;
     m->btl_min_rdma_pipeline_size = 256 * 1024;
-    /* put/get over the channel are not proven yet (rendezvous data came out
-     * wrong on the virtual cluster): ob1 uses the send pipeline unless asked
-     * for them with btl_tbrdma_flags send,put,get. */
-    m->btl_flags = MCA_BTL_FLAGS_SEND;
+    /* put and get are emulated over the channel (btl_tbrdma_rdma.c): one
+     * message per operation, no bounce through ob1's send pipeline. */
+    m->btl_flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_PUT | MCA_BTL_FLAGS_GET;
     m->btl_registration_handle_size = sizeof(mca_btl_base_registration_handle_t);
     m->btl_put_limit = TBRDMA_RMA_LIMIT;
     m->btl_get_limit = TBRDMA_RMA_LIMIT;

@@ -76,6 +76,11 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     req->hdr.addr = tb_wire_le64(remote_address);
     req->hdr.len = tb_wire_le64(size);
     req->tag = tag;
+    /* OBJ_NEW does not clear: a recycled request would otherwise start out
+     * sent and replied, completing at its first event and again at its last. */
+    req->sent = 0;
+    req->replied = 0;
+    req->reply_status = OPAL_SUCCESS;
     req->local_address = local_address;
     req->size = size;
     req->local_handle = local_handle;
@@ -118,8 +123,12 @@ int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                        void *cbdata)
 {
-    return start_locked(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
-                        remote_handle, size, cbfunc, cbcontext, cbdata);
+    int rc = start_locked(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
+                          remote_handle, size, cbfunc, cbcontext, cbdata);
+
+    /* ob1 (5.0.7) both queues a put fragment for retry and frees it when put
+     * reports OUT_OF_RESOURCE; any other error makes it send the data instead. */
+    return OPAL_ERR_OUT_OF_RESOURCE == rc ? OPAL_ERROR : rc;
 }
 
 int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,

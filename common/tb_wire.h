@@ -112,8 +112,9 @@ _Static_assert(offsetof(tb_wire_addr_t, crc) == TB_WIRE_ADDR_SIZE - 4, "crc must
 /*
  * Remote memory access emulated over the channel (Apple's RDMA has no RDMA
  * WRITE or READ).  These ride in channel messages with the tags below:
- * channel tags under 0x20 are tbrdma's own, Open MPI's users of a BTL use
- * 0x20 and up (MCA_BTL_TAG_BTL).
+ * channel tags under 0x10 are tbrdma's own; Open MPI's users of a BTL use
+ * 0x10 and up (5.0's MCA_BTL_TAG_BTL_BASE, taken by its AM-RDMA base, which
+ * one-sided MPI runs through; 4.1 starts at MCA_BTL_TAG_BTL, 0x20).
  *
  * PUT carries the data after the header and is answered by PUT_ACK;
  * GET_REQ is answered by GET_RESP carrying the data.  The target checks
@@ -127,7 +128,7 @@ enum {
     TB_TAG_RMA_PUT_ACK = 0x02,
     TB_TAG_RMA_GET_REQ = 0x03,
     TB_TAG_RMA_GET_RESP = 0x04,
-    TB_TAG_FIRST_USER = 0x20,
+    TB_TAG_FIRST_USER = 0x10,
 };
 
 typedef enum {
