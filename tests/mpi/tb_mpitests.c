@@ -1,9 +1,11 @@
 /*
  * tb_mpitests: MPI correctness tests for a transport, every byte verified.
  *
- * usage: tb_mpitests [-m MAX_BYTES] [TEST...]
- * TESTs: pingpong storm manytoone anysource noncontig coll osc (default: all
- * but osc).  Rank 0 prints "ok: NAME" or "FAIL: NAME: why" per test and a
+ * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [TEST...]
+ * TESTs: pingpong storm manytoone anysource noncontig coll osc hold (default:
+ * all but osc and hold).  hold exchanges 64 KiB messages between ranks 0 and 1
+ * for -t SECONDS (default 120), printing "hold: exchanging" once they flow: a
+ * job for failure tests to break.  Rank 0 prints "ok: NAME" or "FAIL: NAME: why" per test and a
  * closing "N passed, N failed"; the exit status is non-zero on any failure.
  */
 #include <mpi.h>
@@ -16,6 +18,7 @@
 
 static int rank, nranks;
 static size_t max_bytes = 4u << 20;
+static double hold_seconds = 120;
 static char why[256];
 
 static unsigned char pattern(size_t i, unsigned seed)
@@ -322,6 +325,35 @@ static int test_osc(void)
     return bad;
 }
 
+static int test_hold(void)
+{
+    enum { LEN = 64 * 1024 };
+    unsigned char *out = malloc(LEN), *in = malloc(LEN);
+    double end = MPI_Wtime() + hold_seconds;
+    int peer = rank ^ 1, bad = 0, round = 0, more = 1;
+
+    fill(out, LEN, (unsigned) rank);
+    while (rank < 2 && more && !bad) {
+        MPI_Sendrecv(out, LEN, MPI_BYTE, peer, 7, in, LEN, MPI_BYTE, peer, 7, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        bad = verify(in, LEN, (unsigned) peer, "hold");
+        if (0 == rank && 0 == round++) {
+            printf("hold: exchanging\n");
+            fflush(stdout);
+        }
+        /* Rank 0 keeps the clock so both ranks stop after the same round. */
+        if (0 == rank) {
+            more = MPI_Wtime() < end;
+            MPI_Send(&more, 1, MPI_INT, 1, 8, MPI_COMM_WORLD);
+        } else {
+            MPI_Recv(&more, 1, MPI_INT, 0, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+    }
+    free(out);
+    free(in);
+    return bad;
+}
+
 static const struct {
     const char *name;
     int (*fn)(void);
@@ -329,7 +361,7 @@ static const struct {
 } tests[] = {
     {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
-    {"osc", test_osc, 0},
+    {"osc", test_osc, 0},           {"hold", test_hold, 0},
 };
 
 static void run(int t, int *passed, int *failed)
@@ -358,9 +390,11 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    while ((opt = getopt(argc, argv, "m:")) != -1) {
+    while ((opt = getopt(argc, argv, "m:t:")) != -1) {
         if ('m' == opt) {
             max_bytes = strtoull(optarg, NULL, 0);
+        } else if ('t' == opt) {
+            hold_seconds = strtod(optarg, NULL);
         } else {
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
