@@ -11,7 +11,7 @@ TB_DEBIAN_PACKAGES=(
     build-essential autoconf automake libtool pkg-config
     libopenmpi-dev openmpi-bin libibverbs-dev check libhwloc-dev
     qemu-system-x86 qemu-utils debootstrap e2fsprogs iproute2 util-linux
-    ca-certificates file
+    ca-certificates file python3
 )
 
 tb_log() {
