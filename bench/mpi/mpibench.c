@@ -1,0 +1,160 @@
+/*
+ * mpibench: the two measurements bench/mpi/run needs that NetPIPE lacks.
+ *
+ *   mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]
+ *       ranks 0 and 1: rank 0 sends windows of WINDOW non-blocking BYTES-byte
+ *       messages (default 64 x 8 B), rank 1 pre-posts as many receives and
+ *       answers each window with a 0-byte message.  Prints
+ *       "msgrate BYTES WINDOW ITERATIONS MSGS_PER_SEC".
+ *   mpibench allreduce [-i ITERATIONS] [-s BYTES]...
+ *       every rank: MPI_Allreduce (MPI_SUM over doubles) of each size given
+ *       (default 8 and 1048576 bytes).  Prints "allreduce BYTES ITERATIONS USEC"
+ *       per size, the mean time of one call on the slowest rank.
+ */
+#include <mpi.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(int rank)
+{
+    if (0 == rank) {
+        fprintf(stderr, "usage: mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
+                        "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n");
+    }
+    MPI_Abort(MPI_COMM_WORLD, 2);
+}
+
+static int msgrate(int rank, int nranks, int window, int iters, size_t bytes)
+{
+    char *buf = calloc((size_t) window, bytes ? bytes : 1);
+    MPI_Request *req = calloc((size_t) window, sizeof(*req));
+    double t0 = 0.0, dt;
+    int it, k, warmup = iters / 10 + 1;
+
+    if (nranks < 2 || NULL == buf || NULL == req) {
+        fprintf(stderr, "mpibench msgrate: needs 2 ranks and memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (it = -warmup; it < iters; ++it) {
+        if (0 == it) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+        }
+        if (0 == rank) {
+            for (k = 0; k < window; ++k) {
+                MPI_Isend(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, 1, 1, MPI_COMM_WORLD,
+                          &req[k]);
+            }
+            MPI_Waitall(window, req, MPI_STATUSES_IGNORE);
+            MPI_Recv(NULL, 0, MPI_BYTE, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (1 == rank) {
+            for (k = 0; k < window; ++k) {
+                MPI_Irecv(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, 0, 1, MPI_COMM_WORLD,
+                          &req[k]);
+            }
+            MPI_Waitall(window, req, MPI_STATUSES_IGNORE);
+            MPI_Send(NULL, 0, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
+        }
+    }
+    dt = MPI_Wtime() - t0;
+    if (0 == rank) {
+        printf("msgrate %zu %d %d %.1f\n", bytes, window, iters, (double) window * iters / dt);
+    }
+    free(buf);
+    free(req);
+    return 0;
+}
+
+static int allreduce(int rank, int iters, const size_t *sizes, int nsizes)
+{
+    int s, it;
+
+    for (s = 0; s < nsizes; ++s) {
+        size_t n = sizes[s] / sizeof(double);
+        double *in = malloc((n ? n : 1) * sizeof(double));
+        double *out = malloc((n ? n : 1) * sizeof(double));
+        double t0 = 0.0, dt, worst;
+        size_t i;
+        int warmup = iters / 10 + 1;
+
+        if (NULL == in || NULL == out) {
+            fprintf(stderr, "mpibench allreduce: cannot allocate %zu bytes\n", sizes[s]);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        for (i = 0; i < n; ++i) {
+            in[i] = (double) (rank + 1);
+        }
+        for (it = -warmup; it < iters; ++it) {
+            if (0 == it) {
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = MPI_Wtime();
+            }
+            MPI_Allreduce(in, out, (int) n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        }
+        dt = (MPI_Wtime() - t0) / iters;
+        MPI_Reduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (0 == rank) {
+            int nranks;
+            MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+            if (n > 0 && out[0] != (double) nranks * (nranks + 1) / 2) {
+                fprintf(stderr, "mpibench allreduce: wrong sum %g\n", out[0]);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            printf("allreduce %zu %d %.2f\n", n * sizeof(double), iters, worst * 1e6);
+            fflush(stdout);
+        }
+        free(in);
+        free(out);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int rank, nranks, opt, window = 64, iters = -1, nsizes = 0;
+    size_t sizes[16], bytes = 8;
+    const char *mode;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    if (argc < 2) {
+        usage(rank);
+    }
+    mode = argv[1];
+    optind = 2;
+    while ((opt = getopt(argc, argv, "w:i:s:")) != -1) {
+        switch (opt) {
+        case 'w':
+            window = atoi(optarg);
+            break;
+        case 'i':
+            iters = atoi(optarg);
+            break;
+        case 's':
+            bytes = strtoull(optarg, NULL, 0);
+            if (nsizes < 16) {
+                sizes[nsizes++] = bytes;
+            }
+            break;
+        default:
+            usage(rank);
+        }
+    }
+    if (0 == strcmp(mode, "msgrate") && window > 0) {
+        msgrate(rank, nranks, window, iters > 0 ? iters : 200, bytes);
+    } else if (0 == strcmp(mode, "allreduce")) {
+        if (0 == nsizes) {
+            sizes[nsizes++] = 8;
+            sizes[nsizes++] = 1 << 20;
+        }
+        allreduce(rank, iters > 0 ? iters : 20, sizes, nsizes);
+    } else {
+        usage(rank);
+    }
+    MPI_Finalize();
+    return 0;
+}
