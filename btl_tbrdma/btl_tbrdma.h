@@ -100,6 +100,10 @@ typedef struct mca_btl_tbrdma_component_t {
     opal_free_list_t max_frags;
     size_t eager_frag_size;
     size_t max_frag_size;
+    /* Fragment pools (per size class): initial count, ceiling (-1: none), growth step. */
+    int free_list_num;
+    int free_list_max;
+    int free_list_inc;
     tb_rma_table_t rma; /* memory exposed to peers' put/get */
     bool started;       /* lock, lists and table exist */
 } mca_btl_tbrdma_component_t;

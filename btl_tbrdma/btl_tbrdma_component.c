@@ -118,6 +118,19 @@ static int tbrdma_component_register(void)
                  "Queue pairs this process may create on one device (1-10; Apple's RDMA "
                  "allows 10 per device for all processes of a host)",
                  OPAL_INFO_LVL_5, &t->qps_per_device);
+    c->free_list_num = 16;
+    c->free_list_max = -1;
+    c->free_list_inc = 16;
+    register_int("free_list_num",
+                 "Fragments allocated up front in each of the two fragment pools (eager and "
+                 "max-size)",
+                 OPAL_INFO_LVL_6, &c->free_list_num);
+    register_int("free_list_max",
+                 "Most fragments per pool (-1: no limit); at the limit, sends wait for "
+                 "fragments to come back",
+                 OPAL_INFO_LVL_6, &c->free_list_max);
+    register_int("free_list_inc", "Fragments added to a pool each time it runs dry",
+                 OPAL_INFO_LVL_6, &c->free_list_inc);
     register_uint("peer_timeout",
                   "Milliseconds without any answer after which a peer (or its cable) is "
                   "declared dead and the job is told",
@@ -348,6 +361,15 @@ static int load_tunables(char *err, size_t errlen)
     t->if_exclude = c->if_exclude ? c->if_exclude : "";
     t->checksum = c->checksum;
     if (0 != tb_tunables_validate(t, "btl_tbrdma_", err, errlen)) {
+        return -1;
+    }
+    if (c->free_list_num < 1 || c->free_list_inc < 1 ||
+        (-1 != c->free_list_max && c->free_list_max < c->free_list_num)) {
+        snprintf(err, errlen,
+                 "btl_tbrdma_free_list_num = %d and btl_tbrdma_free_list_inc = %d must be at "
+                 "least 1, and btl_tbrdma_free_list_max = %d either -1 (no limit) or at least "
+                 "free_list_num",
+                 c->free_list_num, c->free_list_inc, c->free_list_max);
         return -1;
     }
     if (m->btl_eager_limit > m->btl_max_send_size) {

@@ -29,10 +29,13 @@ static int frag_init(opal_free_list_item_t *item, void *ctx)
 
 static int init_list(opal_free_list_t *list, size_t payload)
 {
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
     OBJ_CONSTRUCT(list, opal_free_list_t);
     return opal_free_list_init(list, sizeof(mca_btl_tbrdma_frag_t), opal_cache_line_size,
-                               OBJ_CLASS(mca_btl_tbrdma_frag_t), payload, opal_cache_line_size, 16,
-                               -1, 16, NULL, 0, NULL, frag_init, list);
+                               OBJ_CLASS(mca_btl_tbrdma_frag_t), payload, opal_cache_line_size,
+                               c->free_list_num, c->free_list_max, c->free_list_inc, NULL, 0,
+                               NULL, frag_init, list);
 }
 
 int mca_btl_tbrdma_frag_lists_init(void)

@@ -71,6 +71,11 @@ if run bad_param 0 --mca btl tbrdma,self,tcp --mca btl_tbrdma_recv_depth 64; the
     expect_text bad_param "hello: 2 ranks, all data correct"
 fi
 
+if run bad_pool 0 --mca btl tbrdma,self,tcp --mca btl_tbrdma_free_list_max 4; then
+    expect_text bad_pool "btl_tbrdma_free_list_max = 4 either -1 (no limit) or at least free_list_num"
+    expect_text bad_pool "hello: 2 ranks, all data correct"
+fi
+
 if run bad_lists 0 --mca btl tbrdma,self,tcp --mca btl_tbrdma_if_include a --mca btl_tbrdma_if_exclude b; then
     expect_text bad_lists "set only one of them"
 fi
