@@ -5,8 +5,9 @@
  * TESTs: pingpong storm manytoone anysource noncontig coll osc hold (default:
  * all but osc and hold).  hold exchanges 64 KiB messages between ranks 0 and 1
  * for -t SECONDS (default 120), printing "hold: exchanging" once they flow: a
- * job for failure tests to break.  Rank 0 prints "ok: NAME" or "FAIL: NAME: why" per test and a
- * closing "N passed, N failed"; the exit status is non-zero on any failure.
+ * job for failure tests to break.  Rank 0 prints "ok: NAME" or "FAIL: NAME:
+ * why" per test and a closing "N passed, N failed"; the exit status is
+ * non-zero on any failure.
  */
 #include <mpi.h>
 
