@@ -228,6 +228,21 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
 
     tb_cm_cancel(module->cm, ep);
     if (ep->conn) {
+        const tb_channel_counters_t *k = tb_channel_counters(tb_conn_channel(ep->conn));
+        /* What the link carried, for tuning and for a profile's per-message counts. */
+        BTL_TBRDMA_VERBOSE(20,
+                           "%s to %s: %llu messages sent, %llu received; frames %llu sent "
+                           "(%llu data, %llu control, %llu retransmitted), %llu received; "
+                           "%llu credit stalls, %llu timeouts, %llu bad checksums",
+                           module->device->name, OPAL_NAME_PRINT(ep->name),
+                           (unsigned long long) k->msgs_sent, (unsigned long long) k->msgs_received,
+                           (unsigned long long) k->frames_sent,
+                           (unsigned long long) k->data_frames_sent,
+                           (unsigned long long) k->ctrl_frames_sent,
+                           (unsigned long long) k->retransmits,
+                           (unsigned long long) k->frames_received,
+                           (unsigned long long) k->credit_stalls, (unsigned long long) k->timeouts,
+                           (unsigned long long) k->bad_checksum);
         tb_conn_destroy(ep->conn);
         ep->conn = NULL;
     }
