@@ -6,6 +6,10 @@
  *       messages (default 64 x 8 B), rank 1 pre-posts as many receives and
  *       answers each window with a 0-byte message.  Prints
  *       "msgrate BYTES WINDOW ITERATIONS MSGS_PER_SEC".
+ *   mpibench pingpong [-i ITERATIONS] [-s BYTES]
+ *       ranks 0 and 1: ITERATIONS round trips of one BYTES-byte message (default
+ *       8 B).  Prints "pingpong BYTES ITERATIONS MEAN_USEC MEDIAN_USEC", half
+ *       the mean and half the median round trip.
  *   mpibench allreduce [-i ITERATIONS] [-s BYTES]...
  *       every rank: MPI_Allreduce (MPI_SUM over doubles) of each size given
  *       (default 8 and 1048576 bytes).  Prints "allreduce BYTES ITERATIONS USEC"
@@ -22,6 +26,7 @@ static void usage(int rank)
 {
     if (0 == rank) {
         fprintf(stderr, "usage: mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
+                        "       mpibench pingpong [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n");
     }
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -65,6 +70,54 @@ static int msgrate(int rank, int nranks, int window, int iters, size_t bytes)
     }
     free(buf);
     free(req);
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+static int pingpong(int rank, int nranks, int iters, size_t bytes)
+{
+    char *buf = malloc(bytes ? bytes : 1);
+    double *rt = malloc((size_t) iters * sizeof(*rt));
+    double t0 = 0.0, t1, dt;
+    int it, warmup = iters / 10 + 1;
+
+    if (nranks < 2 || NULL == buf || NULL == rt) {
+        fprintf(stderr, "mpibench pingpong: needs 2 ranks and memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    memset(buf, rank, bytes);
+    for (it = -warmup; it < iters; ++it) {
+        if (0 == it) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+        }
+        t1 = MPI_Wtime();
+        if (0 == rank) {
+            MPI_Send(buf, (int) bytes, MPI_BYTE, 1, 3, MPI_COMM_WORLD);
+            MPI_Recv(buf, (int) bytes, MPI_BYTE, 1, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (1 == rank) {
+            MPI_Recv(buf, (int) bytes, MPI_BYTE, 0, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(buf, (int) bytes, MPI_BYTE, 0, 3, MPI_COMM_WORLD);
+        }
+        if (it >= 0) {
+            rt[it] = MPI_Wtime() - t1;
+        }
+    }
+    dt = MPI_Wtime() - t0;
+    if (0 == rank) {
+        /* Both, as perftest's t_avg and t_typical: under emulation a few
+         * descheduled round trips move the mean far from the median. */
+        qsort(rt, (size_t) iters, sizeof(*rt), cmp_double);
+        printf("pingpong %zu %d %.2f %.2f\n", bytes, iters, dt / iters / 2 * 1e6,
+               rt[iters / 2] / 2 * 1e6);
+    }
+    free(rt);
+    free(buf);
     return 0;
 }
 
@@ -146,6 +199,8 @@ int main(int argc, char **argv)
     }
     if (0 == strcmp(mode, "msgrate") && window > 0) {
         msgrate(rank, nranks, window, iters > 0 ? iters : 200, bytes);
+    } else if (0 == strcmp(mode, "pingpong")) {
+        pingpong(rank, nranks, iters > 0 ? iters : 1000, bytes);
     } else if (0 == strcmp(mode, "allreduce")) {
         if (0 == nsizes) {
             sizes[nsizes++] = 8;
