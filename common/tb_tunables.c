@@ -27,7 +27,7 @@ void tb_tunables_defaults(tb_tunables_t *t)
     /* Payload integrity is the link's job (Thunderbolt's and RoCE's own CRCs),
      * as in Open MPI's other transports; a software CRC32C of every payload
      * byte on both sides cost 55 us of CPU per 4 KiB message and 15 ms per
-     * MiB under emulation (bench/results/*-profile.md), and would cost
+     * MiB under emulation (the profile in bench/results), and would cost
      * bandwidth at 9 GB/s.  The header, which steers where data lands, is
      * always checked. */
     t->checksum = TB_CHECKSUM_HEADER;
