@@ -52,6 +52,7 @@
  * fills the gap needs one, and lane-0 data needs more than CTRL_RESERVE. */
 #define HOLD_SPARE (CTRL_RESERVE + 2)
 #define WARN_INTERVAL_NS 1000000000ull
+#define KA_RETRY_DIV 4   /* an unanswered keepalive is repeated after peer timeout / 4 */
 
 typedef enum {
     CH_IDLE,       /* created, not connected */
@@ -76,6 +77,7 @@ typedef struct tb_send_req {
     size_t iov_off;
     struct iovec *iov;
     struct iovec iov_one;
+    unsigned char *own; /* the unsent bytes, copied by tb_channel_send_detach */
 } tb_send_req_t;
 
 /* One posted or postable frame.  Data frames live in their lane's ring at
@@ -119,6 +121,7 @@ typedef struct tb_tx_lane {
     uint64_t stall_since;
     uint64_t dry_since;  /* when the lane ran out of credit; 0 while it has some */
     uint64_t last_probe_ns;
+    int order_stalled;   /* q_cur waits for the other lane (see tx_order_ok) */
     tb_send_req_t *q_head; /* requests in send order, oldest unacked first */
     tb_send_req_t *q_tail;
     tb_send_req_t *q_cur;  /* first request with unsent fragments */
@@ -169,6 +172,8 @@ struct tb_channel {
     uint64_t last_rx_ns;
     uint64_t last_tx_ns;
     uint64_t last_hello_ns;
+    uint64_t last_ka_ns;  /* the latest keepalive */
+    int ka_unanswered;    /* nothing received from the peer since it */
     uint64_t hello_ivl;
     unsigned hellos_sent;
     uint64_t peer_epoch;
@@ -177,6 +182,7 @@ struct tb_channel {
     int ack_now;
     int in_callback;
     size_t pending;
+    uint64_t pending_bytes;
     uint64_t last_warn_ns;
     uint64_t warn_suppressed;
     tb_tx_lane_t tx[TB_WIRE_MAX_LANES];
@@ -193,6 +199,7 @@ static void req_free(tb_send_req_t *req)
     if (req->iov != &req->iov_one) {
         free(req->iov);
     }
+    free(req->own);
     free(req);
 }
 
@@ -210,6 +217,7 @@ const char *tb_channel_strerror(int status)
     case TB_CHAN_ECLOSED: return "peer closed the channel";
     case TB_CHAN_ECANCELED: return "canceled by local close";
     case TB_CHAN_ELINK: return "link error";
+    case TB_CHAN_EAGAIN: return "send queue full, try again later";
     default: return "unknown error";
     }
 }
@@ -234,6 +242,8 @@ void tb_channel_params_default(tb_channel_params_t *p)
     p->keepalive_ns = 100000000;
     p->peer_timeout_ns = 5000000000ull;
     p->max_frames_per_progress = 64;
+    p->max_queued_bytes = 256ull << 20;
+    p->max_queued_msgs = 4096;
 }
 
 #define CHECK(cond, ...)                          \
@@ -277,6 +287,8 @@ int tb_channel_params_check(const tb_channel_params_t *p, char *why, size_t why_
           "peer_timeout_ns (%llu) must exceed keepalive_ns (%llu) and rto_min_ns",
           (unsigned long long) p->peer_timeout_ns, (unsigned long long) p->keepalive_ns);
     CHECK(p->max_frames_per_progress >= 1, "max_frames_per_progress must be at least 1");
+    CHECK(p->max_queued_msgs >= 1, "max_queued_msgs must be at least 1");
+    CHECK(p->max_queued_bytes >= 1, "max_queued_bytes must be at least 1");
     return TB_CHAN_OK;
 }
 
@@ -285,8 +297,14 @@ int tb_channel_params_check(const tb_channel_params_t *p, char *why, size_t why_
 /* ------------------------------------------------------------------ */
 /* Failure and cancellation                                            */
 
+/* Give the frame's slot back.  A no-op for a frame without one: a failure
+ * releases every frame not posted, including the one whose completion
+ * reported it. */
 static void release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f)
 {
+    if (!f->buf) {
+        return;
+    }
     ch->link->ops->send_buf_put(ch->link, f->lane, f->buf);
     f->buf = NULL;
     f->req = NULL;
@@ -337,6 +355,7 @@ static void cancel_all(tb_channel_t *ch, int status)
             tb_send_req_t *req = t->q_head;
             t->q_head = req->next;
             ch->pending--;
+            ch->pending_bytes -= req->len;
             if (ch->cb.send_done) {
                 ch->cb.send_done(ch->cb.ctx, req->cookie, status);
             }
@@ -346,25 +365,38 @@ static void cancel_all(tb_channel_t *ch, int status)
     }
 }
 
-__attribute__((format(printf, 3, 4))) static void ch_fail(tb_channel_t *ch, int status,
-                                                          const char *fmt, ...)
+/* Enter FAILED (once), telling the error callback if notify. */
+static void ch_fail_why(tb_channel_t *ch, int status, int notify, const char *why)
 {
-    char why[256];
-    va_list ap;
-
     if (ch->state == CH_FAILED || ch->state == CH_CLOSED) {
         return;
     }
     ch->state = CH_FAILED;
     ch->status = status;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
-    va_end(ap);
     TB_WARN("channel to peer epoch %016llx failed: %s", (unsigned long long) ch->peer_epoch, why);
-    if (ch->cb.error) {
+    if (notify && ch->cb.error) {
         ch->cb.error(ch->cb.ctx, status, why);
     }
     cancel_all(ch, status);
+}
+
+__attribute__((format(printf, 3, 0))) static void ch_failv(tb_channel_t *ch, int status,
+                                                           const char *fmt, va_list ap)
+{
+    char why[256];
+
+    vsnprintf(why, sizeof(why), fmt, ap);
+    ch_fail_why(ch, status, 1, why);
+}
+
+__attribute__((format(printf, 3, 4))) static void ch_fail(tb_channel_t *ch, int status,
+                                                          const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    ch_failv(ch, status, fmt, ap);
+    va_end(ap);
 }
 
 static int ch_usable(const tb_channel_t *ch)
@@ -552,6 +584,8 @@ static int tx_ctrl(tb_channel_t *ch, uint8_t type, uint8_t flags, int ignore_cre
     ch->cnt.ctrl_frames_sent++;
     if (flags & TB_FRAME_F_KEEPALIVE) {
         ch->cnt.keepalives_sent++;
+        ch->last_ka_ns = ch->now;
+        ch->ka_unanswered = 1;
     }
     return 0;
 }
@@ -649,6 +683,22 @@ static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
     }
 }
 
+/* Whether message msg_id may start on lane l: less than TB_CHAN_MAX_AHEAD
+ * past the oldest unacked message of every other lane.  Every message below
+ * those is acked, hence accepted (an acked frame is never dropped), and so are
+ * the earlier ones of lane l (a lane is in order): all are delivered by the
+ * time msg_id starts, which keeps it within the receiver's window. */
+static int tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id)
+{
+    for (unsigned l2 = 0; l2 < ch->p.nlanes; l2++) {
+        const tb_send_req_t *q = ch->tx[l2].q_head;
+        if (l2 != l && q && tb_seq_diff(msg_id, q->msg_id) >= (int32_t) TB_CHAN_MAX_AHEAD) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void tx_push(tb_channel_t *ch)
 {
     unsigned budget = ch->p.max_frames_per_progress;
@@ -696,6 +746,14 @@ static void tx_push(tb_channel_t *ch)
             if (t->next_seq - t->una >= t->window || f->buf) {
                 break;
             }
+            if (t->q_cur->frags_sent == 0 && !tx_order_ok(ch, l, t->q_cur->msg_id)) {
+                if (!t->order_stalled) {
+                    t->order_stalled = 1;
+                    ch->cnt.order_stalls++;
+                }
+                break;
+            }
+            t->order_stalled = 0;
             if (!tx_credit_ok(ch, l, 0)) {
                 tx_stall(ch, t);
                 break;
@@ -770,6 +828,7 @@ static void tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
             t->q_tail = NULL;
         }
         ch->pending--;
+        ch->pending_bytes -= req->len;
         ch->cnt.msgs_sent++;
         ch->cnt.bytes_sent += req->len;
         if (ch->cb.send_done) {
@@ -918,7 +977,64 @@ static int rx_slots_low(const tb_channel_t *ch, unsigned lane)
     return r->nheld + r->nwaiting + HOLD_SPARE >= ch->p.recv_depth[lane];
 }
 
-/* The in-sequence DATA frame.  Returns 1 if the slot is now held. */
+/* An in-sequence DATA frame that cannot be accepted: the peer broke the
+ * protocol (its header checksum and epochs were right).  Dropping it would
+ * stall the lane for good, as the peer would resend the same frame (or, if we
+ * had acked it selectively, nothing at all). */
+__attribute__((format(printf, 3, 4))) static void rx_violation(tb_channel_t *ch, unsigned lane,
+                                                               const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+
+    ch->cnt.malformed++;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    ch_fail(ch, TB_CHAN_EPROTO, "the peer broke the protocol on lane %u: %s", lane, what);
+}
+
+/* Check an in-sequence DATA frame against the message under way (m, or a new
+ * one).  0 if it fits, else the channel has failed. */
+static int rx_check(tb_channel_t *ch, unsigned lane, const tb_wire_frame_hdr_t *h,
+                    const tb_rx_msg_t *m)
+{
+    const tb_rx_lane_t *r = &ch->rx[lane];
+    uint32_t msg_id = tb_wire_le32(h->msg_id);
+    uint32_t msg_len = tb_wire_le32(h->msg_len);
+    uint32_t off = tb_wire_le32(h->frag_offset);
+    uint32_t plen = tb_wire_le32(h->payload_len);
+
+    if (msg_len > ch->p.max_msg_size) {
+        rx_violation(ch, lane, "message %u has %u bytes; this side accepts at most %u "
+                     "(max_msg_size)", msg_id, msg_len, ch->p.max_msg_size);
+    } else if ((uint64_t) off + plen > msg_len) {
+        rx_violation(ch, lane, "a fragment of message %u (%u bytes at offset %u) runs past its "
+                     "%u bytes", msg_id, plen, off, msg_len);
+    } else if (m && (msg_id != m->msg_id || off != m->got || msg_len != m->len
+                     || h->tag != m->tag || plen == 0)) {
+        rx_violation(ch, lane, "a fragment of message %u (%u bytes at offset %u) does not "
+                     "continue message %u (%u of %u bytes received)", msg_id, plen, off,
+                     m->msg_id, m->got, m->len);
+    } else if (!m && (off != 0 || (plen == 0 && msg_len != 0))) {
+        rx_violation(ch, lane, "message %u starts at offset %u with %u of its %u bytes", msg_id,
+                     off, plen, msg_len);
+    } else if (!m && (tb_seq_lt(msg_id, ch->next_deliver)
+                      || (r->have_msg && !tb_seq_lt(r->last_msg_id, msg_id)))) {
+        rx_violation(ch, lane, "message %u comes out of order (next due %u, last on the lane "
+                     "%u)", msg_id, ch->next_deliver, r->have_msg ? r->last_msg_id : 0);
+    } else if (!m && msg_id - ch->next_deliver >= TB_CHAN_MAX_AHEAD) {
+        rx_violation(ch, lane, "message %u starts %u or more beyond the next one due (%u)",
+                     msg_id, TB_CHAN_MAX_AHEAD, ch->next_deliver);
+    } else {
+        return 0;
+    }
+    return -1;
+}
+
+/* The in-sequence DATA frame.  Returns 1 if the slot is now held.  A frame
+ * that cannot be accepted fails the channel: it may have been acked
+ * selectively, and then it is never resent. */
 static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
                      const tb_wire_frame_hdr_t *h)
 {
@@ -931,35 +1047,20 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     tb_rx_msg_t *m = r->assembling;
     int single;
 
-    if (msg_len > ch->p.max_msg_size || (uint64_t) off + plen > msg_len) {
-        rx_drop(ch, &ch->cnt.malformed, "fragment beyond its message", lane);
+    if (rx_check(ch, lane, h, m) != 0) {
         return 0;
     }
-    if (m) {
-        if (msg_id != m->msg_id || off != m->got || msg_len != m->len || h->tag != m->tag
-            || plen == 0) {
-            rx_drop(ch, &ch->cnt.malformed, "fragment out of place", lane);
-            return 0;
-        }
-    } else if (off != 0 || (plen == 0 && msg_len != 0)
-               || tb_seq_lt(msg_id, ch->next_deliver)
-               || (r->have_msg && !tb_seq_lt(r->last_msg_id, msg_id))) {
-        rx_drop(ch, &ch->cnt.malformed, "message start out of place", lane);
-        return 0;
-    }
-
     single = !m && plen == msg_len;
     if (!single && !m) {
         m = calloc(1, sizeof(*m));
-        if (!m) {
-            return 0; /* not accepted: the retransmission may find memory */
-        }
-        if (ch->cb.recv_buf) {
+        if (m && ch->cb.recv_buf) {
             m->data = ch->cb.recv_buf(ch->cb.ctx, h->tag, msg_len);
             m->caller_buf = m->data != NULL;
         }
-        if (!m->data && !(m->data = malloc(msg_len))) {
+        if (!m || (!m->data && !(m->data = malloc(msg_len)))) {
             free(m);
+            ch_fail(ch, TB_CHAN_ENOMEM, "out of memory for message %u (%u bytes) on lane %u",
+                    msg_id, msg_len, lane);
             return 0;
         }
         m->msg_id = msg_id;
@@ -967,14 +1068,13 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         m->tag = h->tag;
         m->lane = (uint8_t) lane;
     } else if (single && msg_id != ch->next_deliver) {
-        m = calloc(1, sizeof(*m));
-        if (!m) {
-            return 0;
-        }
         /* It waits for a message on the other lane: once this lane runs
          * low on receives, wait in a copy (see rx_slots_low). */
-        if (rx_slots_low(ch, lane) && !(m->data = malloc(plen ? plen : 1))) {
+        m = calloc(1, sizeof(*m));
+        if (!m || (rx_slots_low(ch, lane) && !(m->data = malloc(plen ? plen : 1)))) {
             free(m);
+            ch_fail(ch, TB_CHAN_ENOMEM, "out of memory for message %u (%u bytes) on lane %u",
+                    msg_id, plen, lane);
             return 0;
         }
     }
@@ -1154,6 +1254,7 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
         ch->rx[lane].h_tsn = tsn;
     }
     ch->last_rx_ns = ch->now;
+    ch->ka_unanswered = 0;
     if (ch->state == CH_CONNECTING) {
         ch->state = CH_ESTABLISHED;
         hello_done(ch, h->type);
@@ -1218,6 +1319,7 @@ void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)
 
     f->posted = 0;
     if (status != 0) {
+        /* Releases every frame not posted, this one included. */
         ch_fail(ch, TB_CHAN_ELINK, "send completion error %d on lane %u", status, f->lane);
     }
     if (f->is_ctrl || f->acked || !ch_usable(ch)) {
@@ -1328,6 +1430,18 @@ static void progress_timers(tb_channel_t *ch)
     }
 }
 
+/* Every frame takes one of the peer's receives until it polls again, so a
+ * peer that is busy computing, not polling, gets one keepalive, not one per
+ * interval: the next waits until something arrives from it.  But the
+ * keepalives of both sides can be lost at once, and then each side would wait
+ * for the other until the peer timeout: so an unanswered keepalive is
+ * repeated after KA_RETRY_DIV-th of the peer timeout (a silent peer then costs
+ * at most KA_RETRY_DIV receives before it is declared dead). */
+static int keepalive_due(const tb_channel_t *ch)
+{
+    return !ch->ka_unanswered || ch->now - ch->last_ka_ns >= ch->p.peer_timeout_ns / KA_RETRY_DIV;
+}
+
 static void progress_ctrl(tb_channel_t *ch)
 {
     uint64_t now = ch->now;
@@ -1349,7 +1463,7 @@ static void progress_ctrl(tb_channel_t *ch)
             need = 1;
         }
     }
-    if (!need && now - ch->last_tx_ns >= ch->p.keepalive_ns) {
+    if (!need && now - ch->last_tx_ns >= ch->p.keepalive_ns && keepalive_due(ch)) {
         flags |= TB_FRAME_F_KEEPALIVE;
         need = 1;
     }
@@ -1597,6 +1711,11 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
     if (len > ch->p.max_msg_size) {
         return TB_CHAN_EMSGSIZE;
     }
+    /* Backpressure; a message larger than the byte limit still goes alone. */
+    if (ch->pending > 0 && (ch->pending >= ch->p.max_queued_msgs
+                            || ch->pending_bytes + len > ch->p.max_queued_bytes)) {
+        return TB_CHAN_EAGAIN;
+    }
     req = calloc(1, sizeof(*req));
     if (!req) {
         return TB_CHAN_ENOMEM;
@@ -1642,6 +1761,7 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
         }
     }
     ch->pending++;
+    ch->pending_bytes += len;
     if (!ch->in_callback) {
         tx_push(ch);
     }
@@ -1652,6 +1772,66 @@ int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, 
 {
     struct iovec iov = {.iov_base = (void *) buf, .iov_len = len};
     return tb_channel_sendv(ch, tag, &iov, 1, cookie);
+}
+
+/* Copy what is left of req's message into memory of its own. */
+static int req_detach(tb_send_req_t *req)
+{
+    uint32_t left = req->len - req->sent;
+    unsigned char *own;
+    size_t done = 0;
+
+    if (left == 0 || req->own) {
+        return 0;
+    }
+    own = malloc(left);
+    if (!own) {
+        return TB_CHAN_ENOMEM;
+    }
+    for (int i = req->iov_idx; done < left; i++) {
+        size_t skip = i == req->iov_idx ? req->iov_off : 0;
+        size_t n = req->iov[i].iov_len - skip;
+        if (n > left - done) {
+            n = left - done;
+        }
+        memcpy(own + done, (const unsigned char *) req->iov[i].iov_base + skip, n);
+        done += n;
+    }
+    if (req->iov != &req->iov_one) {
+        free(req->iov);
+    }
+    req->own = own;
+    req->iov = &req->iov_one;
+    req->iov_one.iov_base = own;
+    req->iov_one.iov_len = left;
+    req->iovcnt = 1;
+    req->iov_idx = 0;
+    req->iov_off = 0;
+    return 0;
+}
+
+int tb_channel_send_detach(tb_channel_t *ch, void *cookie)
+{
+    int found = 0;
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        for (tb_send_req_t *req = ch->tx[l].q_head; req; req = req->next) {
+            if (req->cookie != cookie) {
+                continue;
+            }
+            found = 1;
+            if (req_detach(req) != 0) {
+                return TB_CHAN_ENOMEM;
+            }
+        }
+    }
+    return found ? TB_CHAN_OK : 1;
+}
+
+void tb_channel_abort(tb_channel_t *ch, int status, const char *why)
+{
+    ch_fail_why(ch, status < 0 ? status : TB_CHAN_ECANCELED, 0,
+                why ? why : "aborted by the caller");
 }
 
 void tb_channel_close(tb_channel_t *ch)

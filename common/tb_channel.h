@@ -11,12 +11,15 @@
  *    timeout (an adaptive timeout from measured round trips, exponential
  *    backoff); duplicate suppression;
  *  - CRC32C on every header (and payloads, unless switched off);
- *  - keepalives, peer-death and peer-restart detection.
+ *  - keepalives, peer-death and peer-restart detection;
+ *  - bounds: on the send queue (TB_CHAN_EAGAIN) and on the messages a
+ *    receiver holds for reordering (TB_CHAN_MAX_AHEAD).
  *
  * Not thread safe: the caller serialises all calls on one channel.  Time is
  * whatever the caller passes to tb_channel_progress() (ns, monotonic).
  * Callbacks may call tb_channel_send*() (the frames then go out at the next
- * progress call) and tb_channel_close(), never tb_channel_destroy().
+ * progress call), tb_channel_send_detach(), tb_channel_close() and
+ * tb_channel_abort(), never tb_channel_destroy().
  */
 #ifndef TB_CHANNEL_H
 #define TB_CHANNEL_H
@@ -41,7 +44,16 @@ enum {
     TB_CHAN_ECLOSED = -8,   /* the peer closed the channel */
     TB_CHAN_ECANCELED = -9, /* closed or destroyed locally before completion */
     TB_CHAN_ELINK = -10,    /* the link failed to post or reported an error */
+    TB_CHAN_EAGAIN = -11,   /* the send queue is full (max_queued_msgs/bytes): retry later */
 };
+
+/* Reassembly window: a receiver accepts the start of message msg_id only
+ * while msg_id - (the next message it will deliver) < TB_CHAN_MAX_AHEAD, and
+ * fails the channel otherwise (a peer could make it hold messages without
+ * bound).  Senders keep within it by starting a message only while it is less
+ * than TB_CHAN_MAX_AHEAD past the oldest unacknowledged message of every other
+ * lane.  Both peers must use the same value. */
+#define TB_CHAN_MAX_AHEAD 64u
 
 const char *tb_channel_strerror(int status);
 
@@ -56,23 +68,34 @@ typedef struct tb_channel_params {
     uint64_t epoch;                              /* this incarnation; random, non-zero */
     uint32_t initial_seq[TB_WIRE_MAX_LANES];     /* first tsn/seq per lane (random) */
     int payload_crc;                             /* also checksum payloads */
-    uint32_t max_msg_size;                       /* largest message accepted or sent */
+    uint32_t max_msg_size;                       /* largest message sent or accepted; a
+                                                  * larger one from the peer fails the
+                                                  * channel.  It bounds what one message
+                                                  * makes this side allocate, so set what
+                                                  * the peers agreed to receive, the same
+                                                  * on every node (the BTL: the default) */
     uint64_t ack_delay_ns;                       /* coalesce acks for at most this */
     uint64_t rto_min_ns;                         /* floor of the retransmit timeout */
     uint64_t rto_initial_ns;                     /* timeout and HELLO interval before the
                                                   * first round-trip sample (clamped to
                                                   * [rto_min_ns, rto_max_ns]) */
     uint64_t rto_max_ns;                         /* ceiling, also of the backoff */
-    uint64_t keepalive_ns;                       /* idle time before a keepalive */
+    uint64_t keepalive_ns;                       /* idle time before a keepalive (one
+                                                  * per silence of the peer: see
+                                                  * tb_channel.c) */
     uint64_t peer_timeout_ns;                    /* silence before the peer is dead */
     unsigned max_frames_per_progress;            /* bound on posts per progress call */
+    uint64_t max_queued_bytes;                   /* bytes of sends not yet completed, and */
+    unsigned max_queued_msgs;                    /* their number, beyond which a send gets
+                                                  * TB_CHAN_EAGAIN (see tb_channel_sendv) */
 } tb_channel_params_t;
 
 /* Defaults: 2 lanes (4 KiB and 64 KiB), depth 32, window 32, payload CRC on,
  * 64 MiB messages, ack delay 20 us, RTO 200 us..128 ms (10 ms before the
  * first round-trip sample), keepalive 100 ms, peer timeout 5 s, 64 frames per
- * progress.  epoch and initial_seq are left 0: the caller must set a random,
- * non-zero epoch. */
+ * progress, a send queue of at most 4096 messages and 256 MiB (four of the
+ * largest messages).  epoch and initial_seq are left 0: the caller must set a
+ * random, non-zero epoch. */
 void tb_channel_params_default(tb_channel_params_t *params);
 
 /* 0 if params are usable, else TB_CHAN_EINVAL with a sentence naming the
@@ -94,8 +117,9 @@ typedef struct tb_channel_callbacks {
     /* A send finished: TB_CHAN_OK once the peer acknowledged every byte, or
      * the error that ended the channel. */
     void (*send_done)(void *ctx, void *cookie, int status);
-    /* The channel failed (status, and a sentence for the user); called once.
-     * Pending sends then complete with status; later sends fail at once. */
+    /* The channel failed (status, and a sentence for the user); called once,
+     * not for tb_channel_abort.  Pending sends then complete with status;
+     * later sends fail at once. */
     void (*error)(void *ctx, int status, const char *why);
 } tb_channel_callbacks_t;
 
@@ -115,6 +139,8 @@ typedef struct tb_channel_counters {
     uint64_t malformed;        /* bad magic/version/type/lane/length/offset */
     uint64_t stale;            /* frames of another incarnation */
     uint64_t credit_stalls;    /* times data waited for peer credit */
+    uint64_t order_stalls;     /* times a lane's next message waited for an older one on
+                                * the other lane to be acked (TB_CHAN_MAX_AHEAD) */
     uint64_t credit_probes;    /* frames sent beyond the peer's limit after a lane stayed
                                 * without credit for a retransmit timeout */
     uint64_t msgs_sent;        /* sends completed OK */
@@ -146,15 +172,37 @@ void tb_channel_local_addr(tb_channel_t *ch, tb_wire_addr_t *addr);
 int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t now);
 
 /* Queue a message (0..max_msg_size bytes) with an 8-bit tag.  The caller's
- * memory must stay valid until send_done(cookie): fragments are copied into
- * link slots as credits allow.  Returns 0, or an error without a callback
- * (TB_CHAN_EMSGSIZE, TB_CHAN_ENOMEM, or the channel's failure status). */
+ * memory must stay valid until send_done(cookie) (or tb_channel_send_detach):
+ * fragments are copied into link slots as credits allow.  Returns 0, or an
+ * error without a callback: TB_CHAN_EMSGSIZE, TB_CHAN_ENOMEM, the channel's
+ * failure status, or TB_CHAN_EAGAIN when the sends not yet completed would
+ * exceed max_queued_msgs or max_queued_bytes with this one (a message alone
+ * larger than max_queued_bytes is accepted when nothing else is queued). */
 int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, void *cookie);
 int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int iovcnt,
                      void *cookie);
 
+/* Stop referencing the caller's memory of every pending send queued with
+ * cookie (e.g. before deregistering it): the bytes not yet copied into link
+ * slots are copied into memory the channel owns until the send completes.
+ * Returns 0 when no pending send with cookie references caller memory any
+ * more (copied now, or nothing was left to copy), 1 when no pending send has
+ * that cookie (it completed already, or was never queued), or TB_CHAN_ENOMEM
+ * if a copy could not be allocated (the sends not copied yet still reference
+ * the caller's memory; calling again retries them). */
+int tb_channel_send_detach(tb_channel_t *ch, void *cookie);
+
 /* Close: tell the peer (best effort) and cancel pending sends. */
 void tb_channel_close(tb_channel_t *ch);
+
+/* Fail the channel at once with status (a negative TB_CHAN_* code; 0 becomes
+ * TB_CHAN_ECANCELED), for a caller that gave up on it, e.g. when connection
+ * setup failed before the channel ever connected.  Valid in any state (a
+ * no-op once failed or closed); why is logged.  Every pending send completes
+ * with status before this returns, later sends fail with it at once.  The
+ * error callback is not called (the caller knows), and the peer is not told
+ * (tb_channel_close does that).  May be called from callbacks. */
+void tb_channel_abort(tb_channel_t *ch, int status, const char *why);
 
 /* Link completions (from the caller's poll of the link). */
 void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status);

@@ -81,8 +81,19 @@ static uint32_t slot_rel(const slot_pool_t *p, const void *buf)
     return (uint32_t) (((const unsigned char *) buf - p->base) / p->size);
 }
 
+/* Ignore, loudly, what cannot be one of the pool's slots out (NULL, another
+ * pool's memory, a put with every slot already free): pushing it would hand
+ * out a bogus slot later or write past the stack. */
 static void slot_put(slot_pool_t *p, void *buf)
 {
+    uintptr_t off = (uintptr_t) buf - (uintptr_t) p->base; /* wraps when below base */
+
+    if (!buf || off >= (uintptr_t) p->count * p->size || off % p->size != 0
+        || p->nfree >= p->count) {
+        TB_ERROR("verbs link: ignoring the return of %p, not a slot out of the pool (%u of %u "
+                 "slots free)", buf, p->nfree, p->count);
+        return;
+    }
     p->free[p->nfree++] = slot_rel(p, buf);
 }
 

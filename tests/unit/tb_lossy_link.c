@@ -23,6 +23,7 @@ typedef struct event {
     void *buf;
     size_t len;
     void *cookie;
+    int status;
 } event_t;
 
 typedef struct pool {
@@ -45,6 +46,7 @@ typedef struct side {
     tb_lossy_net_t *net;
     int index;
     int dead;
+    int fail_next_send;
     tb_channel_t *ch;
     lane_state_t lanes[TB_WIRE_MAX_LANES];
     event_t *cq_head;
@@ -122,8 +124,24 @@ static void *pool_get(pool_t *p)
     return p->nfree ? p->free[--p->nfree] : NULL;
 }
 
-static void pool_put(pool_t *p, void *buf)
+static int has(void *const *v, unsigned n, const void *buf)
 {
+    for (unsigned i = 0; i < n; i++) {
+        if (v[i] == buf) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A put of NULL, of another pool's memory or of a slot already free is
+ * counted and ignored (the engine must never make one). */
+static void pool_put(tb_lossy_net_t *net, pool_t *p, void *buf)
+{
+    if (!buf || !has(p->all, p->n, buf) || has(p->free, p->nfree, buf)) {
+        net->stats.bad_puts++;
+        return;
+    }
     p->free[p->nfree++] = buf;
 }
 
@@ -188,7 +206,8 @@ static void *op_send_buf_get(tb_link_t *link, unsigned lane)
 
 static void op_send_buf_put(tb_link_t *link, unsigned lane, void *buf)
 {
-    pool_put(&((side_t *) link)->lanes[lane].send, buf);
+    side_t *s = (side_t *) link;
+    pool_put(s->net, &s->lanes[lane].send, buf);
 }
 
 static void *op_recv_buf_get(tb_link_t *link, unsigned lane)
@@ -198,7 +217,8 @@ static void *op_recv_buf_get(tb_link_t *link, unsigned lane)
 
 static void op_recv_buf_put(tb_link_t *link, unsigned lane, void *buf)
 {
-    pool_put(&((side_t *) link)->lanes[lane].recv, buf);
+    side_t *s = (side_t *) link;
+    pool_put(s->net, &s->lanes[lane].recv, buf);
 }
 
 static int op_post_send(tb_link_t *link, unsigned lane, void *buf, size_t len, void *cookie)
@@ -216,8 +236,14 @@ static int op_post_send(tb_link_t *link, unsigned lane, void *buf, size_t len, v
     e->buf = buf;
     e->len = len;
     e->cookie = cookie;
+    e->status = 0;
     cq_push(s, e);
     net->stats.posted++;
+    if (s->fail_next_send) {
+        s->fail_next_send = 0;
+        e->status = -5; /* as a flushed or failed work request: nothing goes out */
+        return 0;
+    }
     if (len > net->cfg.frame_size[lane]) {
         net->stats.bad_posts++;
         return 0;
@@ -367,6 +393,11 @@ void tb_lossy_set_dead(tb_lossy_net_t *net, int side, int dead)
     net->sides[side].dead = dead;
 }
 
+void tb_lossy_fail_next_send(tb_lossy_net_t *net, int side)
+{
+    net->sides[side].fail_next_send = 1;
+}
+
 /* A frame reaches side's lane: it lands in the oldest posted receive. */
 static void arrive(tb_lossy_net_t *net, int side, unsigned lane, const unsigned char *data,
                    size_t len)
@@ -398,6 +429,7 @@ static void arrive(tb_lossy_net_t *net, int side, unsigned lane, const unsigned 
     e->buf = buf;
     e->len = len;
     e->cookie = NULL;
+    e->status = 0;
     cq_push(s, e);
     net->stats.delivered++;
 }
@@ -431,7 +463,7 @@ void tb_lossy_step(tb_lossy_net_t *net, uint64_t now)
             if (e->is_recv) {
                 tb_channel_recv_done(s->ch, e->lane, e->buf, e->len, 0);
             } else {
-                tb_channel_send_done(s->ch, e->cookie, 0);
+                tb_channel_send_done(s->ch, e->cookie, e->status);
             }
             free(e);
         }

@@ -43,6 +43,8 @@ typedef struct tb_lossy_stats {
     uint64_t no_recv_drops;   /* arrived with no receive posted (UC: silent loss) */
     uint64_t frame_mismatch;  /* frame-count rule violations: must stay 0 */
     uint64_t bad_posts;       /* posts longer than a slot: must stay 0 */
+    uint64_t bad_puts;        /* buffers given back that are NULL, not of the pool or
+                               * already free (ignored): must stay 0 */
 } tb_lossy_stats_t;
 
 typedef struct tb_lossy_net tb_lossy_net_t;
@@ -59,6 +61,10 @@ void tb_lossy_set_cfg(tb_lossy_net_t *net, const tb_lossy_cfg_t *cfg);
 tb_link_t *tb_lossy_link(tb_lossy_net_t *net, int side);
 void tb_lossy_attach(tb_lossy_net_t *net, int side, tb_channel_t *ch);
 void tb_lossy_set_dead(tb_lossy_net_t *net, int side, int dead);
+
+/* The next send side posts completes with an error status and never reaches
+ * the wire (as a work request failed by the device). */
+void tb_lossy_fail_next_send(tb_lossy_net_t *net, int side);
 
 /* Forget a side's posted receives and pending completions, as destroying
  * its QPs would (call before destroying its channel). */
