@@ -22,6 +22,7 @@
 #include "tb_device.h"
 #include "tb_rma.h"
 #include "tb_cm.h"
+#include "tb_modex.h"
 #include "tb_domain.h"
 #include "tb_tunables.h"
 
@@ -61,9 +62,11 @@ struct mca_btl_base_endpoint_t {
     opal_process_name_t name;
     struct in_addr peer_ipv4; /* the far end of this module's cable */
     uint16_t peer_cm_port;
+    uint8_t peer_gid[16]; /* its device's gid, from its modex entry: its blob must match */
     mca_btl_tbrdma_ep_state_t state;
     tb_conn_t *conn;
-    opal_list_t rma_pending; /* puts and gets awaiting their reply, in order */
+    opal_list_t rma_pending;  /* puts and gets awaiting their reply, in order */
+    opal_list_t rma_deferred; /* replies the channel could not take yet, in order */
     uint64_t next_rma_id;
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
@@ -79,6 +82,7 @@ struct mca_btl_tbrdma_module_t {
     opal_list_t endpoints;
     opal_hash_table_t endpoint_by_name; /* opal_process_name_t as uint64 */
     mca_btl_base_module_error_cb_fn_t error_cb;
+    uint64_t last_rma_check_ns;
 };
 
 typedef struct mca_btl_tbrdma_component_t {
@@ -105,12 +109,22 @@ typedef struct mca_btl_tbrdma_component_t {
     int free_list_max;
     int free_list_inc;
     tb_rma_table_t rma; /* memory exposed to peers' put/get */
+    opal_list_t get_replies; /* GET_RESPs whose data the channel still reads */
     bool started;       /* lock, lists and table exist */
+    /* Connection setup: this process's secret (published in the modex) and
+     * the job's size, so a request naming a process outside the job is
+     * refused before anything is looked up or created for it. */
+    uint8_t cm_secret[TB_WIRE_SECRET_SIZE];
+    uint32_t job_size; /* 0: unknown */
+    uint64_t last_drop_warn_ns;
 } mca_btl_tbrdma_component_t;
 
 /* Largest single put or get: the channel assembles it whole, so it is kept
  * well under the channel's message limit. */
 #define TBRDMA_RMA_LIMIT (16u << 20)
+/* The largest message this process agrees to receive: a put of
+ * TBRDMA_RMA_LIMIT with its header (max_send_size is checked against it). */
+#define TBRDMA_MAX_MSG (TBRDMA_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE)
 
 OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 
@@ -147,8 +161,8 @@ uint64_t mca_btl_tbrdma_now_ns(void);
 
 /* Endpoints and connections (btl_tbrdma_endpoint.c). */
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc, struct in_addr peer_ipv4,
-                                                        uint16_t peer_cm_port);
+                                                        opal_proc_t *proc,
+                                                        const tb_wire_modex_dev_t *peer_dev);
 void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *endpoint);
 /* Queue a message to the peer, connecting first if needed.  OPAL_SUCCESS
  * (completion via mca_btl_tbrdma_send_done), OPAL_ERR_UNREACH once the peer
@@ -181,6 +195,14 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
 void mca_btl_tbrdma_rma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, int status);
 /* The peer is gone: fail every put and get awaiting it. */
 void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int status);
+/* A put or get has waited longer than the peer timeout for its answer:
+ * the reason to fail the endpoint, or NULL. */
+const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now);
+/* The endpoint goes away: its replies in flight no longer belong to it. */
+void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint);
+/* Fail the endpoint (peer gone, protocol violation): pending work ends with
+ * an error and ob1 is told. */
+void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *endpoint, const char *why);
 
 END_C_DECLS
 

@@ -14,13 +14,29 @@
 #    include "opal/mca/pmix/pmix.h"
 #    include "opal/threads/mutex.h"
 #    define TBRDMA_MODEX_SCOPE OPAL_PMIX_GLOBAL
+#    define TBRDMA_JOB_SIZE_KEY OPAL_PMIX_JOB_SIZE
+#    define TBRDMA_UINT32 OPAL_UINT32
 #elif BTL_VERSION == 330
 #    include "opal/mca/pmix/pmix-internal.h"
 #    include "opal/mca/threads/mutex.h"
 #    define TBRDMA_MODEX_SCOPE PMIX_GLOBAL
+#    define TBRDMA_JOB_SIZE_KEY PMIX_JOB_SIZE
+#    define TBRDMA_UINT32 PMIX_UINT32
 #else
 #    error "tbrdma supports BTL interface 3.1.0 (Open MPI 4.1) and 3.3.0 (Open MPI 5.0)"
 #endif
+
+/* The number of processes in this process's job, from the runtime; 0 if it
+ * does not say. */
+static inline uint32_t tbrdma_compat_job_size(void)
+{
+    opal_process_name_t job = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = OPAL_VPID_WILDCARD};
+    uint32_t size = 0, *ptr = &size;
+    int rc;
+
+    OPAL_MODEX_RECV_VALUE(rc, TBRDMA_JOB_SIZE_KEY, &job, &ptr, TBRDMA_UINT32);
+    return OPAL_SUCCESS == rc ? size : 0;
+}
 
 /* Hand a received message to the callback registered for its tag: 4.1
  * passes a descriptor, 5.0 a receive descriptor naming the endpoint. */

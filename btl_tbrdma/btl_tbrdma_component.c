@@ -13,6 +13,9 @@
 #include "opal/util/show_help.h"
 
 #include "tb_log.h"
+#include "tb_random.h"
+
+#include <errno.h>
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -216,6 +219,7 @@ static int tbrdma_component_close(void)
     if (c->started) {
         mca_btl_tbrdma_frag_lists_fini();
         tb_rma_table_fini(&c->rma);
+        OBJ_DESTRUCT(&c->get_replies);
         OBJ_DESTRUCT(&c->lock);
         c->started = false;
     }
@@ -246,7 +250,7 @@ static int tbrdma_component_progress(void)
 static int publish_modex(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    size_t size = sizeof(tb_wire_modex_t) + (size_t) c->num_modules * sizeof(tb_wire_modex_dev_t);
+    size_t size = tb_modex_size((unsigned) c->num_modules);
     tb_wire_modex_t *mx = calloc(1, size);
     int i, rc;
 
@@ -256,6 +260,7 @@ static int publish_modex(void)
     mx->magic = tb_wire_le32(TB_WIRE_MODEX_MAGIC);
     mx->version = TB_WIRE_MODEX_VERSION;
     mx->ndevices = (uint8_t) c->num_modules;
+    memcpy(mx->cm_secret, c->cm_secret, sizeof(mx->cm_secret));
     for (i = 0; i < c->num_modules; ++i) {
         const tb_device_t *dev = c->modules[i]->device;
         mx->devices[i].ipv4 = dev->ipv4.s_addr;
@@ -280,9 +285,20 @@ static int start_component(char *err, size_t errlen)
     c->eager_frag_size = m->btl_eager_limit < one_frame ? m->btl_eager_limit : one_frame;
     c->max_frag_size = m->btl_max_send_size;
     OBJ_CONSTRUCT(&c->lock, opal_recursive_mutex_t);
-    if (0 != tb_rma_table_init(&c->rma, 0)) {
-        snprintf(err, errlen, "out of memory");
+    OBJ_CONSTRUCT(&c->get_replies, opal_list_t);
+    if (0 != tb_random_bytes(c->cm_secret, sizeof(c->cm_secret))) {
+        snprintf(err, errlen, "the system has no random source for tbrdma's connection secret "
+                 "(getentropy: %s)", strerror(errno));
         goto lock;
+    }
+    if (0 != tb_rma_table_init(&c->rma, 0)) {
+        snprintf(err, errlen, "out of memory, or no random source for registration keys");
+        goto lock;
+    }
+    c->job_size = tbrdma_compat_job_size();
+    if (0 == c->job_size) {
+        BTL_TBRDMA_VERBOSE(10, "the job's size is unknown: connection requests are checked "
+                           "against the job's identity only");
     }
     if (OPAL_SUCCESS != mca_btl_tbrdma_frag_lists_init()) {
         snprintf(err, errlen, "cannot allocate send descriptors");
@@ -294,6 +310,7 @@ static int start_component(char *err, size_t errlen)
 rma:
     tb_rma_table_fini(&c->rma);
 lock:
+    OBJ_DESTRUCT(&c->get_replies);
     OBJ_DESTRUCT(&c->lock);
     return OPAL_ERROR;
 }
@@ -378,6 +395,11 @@ static int load_tunables(char *err, size_t errlen)
                  "least 1, and btl_tbrdma_free_list_max = %d either -1 (no limit) or at least "
                  "free_list_num",
                  c->free_list_num, c->free_list_inc, c->free_list_max);
+        return -1;
+    }
+    if (m->btl_max_send_size > TBRDMA_MAX_MSG) {
+        snprintf(err, errlen, "btl_tbrdma_max_send_size = %zu exceeds the largest message a "
+                 "peer accepts (%u)", m->btl_max_send_size, (unsigned) TBRDMA_MAX_MSG);
         return -1;
     }
     if (m->btl_eager_limit > m->btl_max_send_size) {

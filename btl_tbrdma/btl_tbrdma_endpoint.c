@@ -24,6 +24,7 @@
 static void endpoint_construct(mca_btl_base_endpoint_t *ep)
 {
     OBJ_CONSTRUCT(&ep->rma_pending, opal_list_t);
+    OBJ_CONSTRUCT(&ep->rma_deferred, opal_list_t);
     ep->conn = NULL;
     ep->state = TBRDMA_EP_IDLE;
     ep->next_rma_id = 1;
@@ -32,6 +33,7 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
 static void endpoint_destruct(mca_btl_base_endpoint_t *ep)
 {
     OBJ_DESTRUCT(&ep->rma_pending);
+    OBJ_DESTRUCT(&ep->rma_deferred);
 }
 
 OBJ_CLASS_INSTANCE(mca_btl_base_endpoint_t, opal_list_item_t, endpoint_construct,
@@ -64,9 +66,10 @@ static void cable_string(const mca_btl_base_endpoint_t *ep, char *buf, size_t le
 }
 
 /* The peer or the cable is gone.  Everything pending on the endpoint ends
- * with an error, and ob1 learns it so the job stops with a clear reason
- * instead of hanging. */
-static void endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
+ * with an error at once (sends still queued in a channel that never
+ * connected included), and ob1 learns it so the job stops with a clear
+ * reason instead of hanging. */
+void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
 {
     mca_btl_tbrdma_module_t *module = ep->module;
     char cable[160], info[512];
@@ -78,6 +81,10 @@ static void endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     cable_string(ep, cable, sizeof(cable));
     mca_btl_tbrdma_show_help("peer failed", opal_process_info.nodename,
                              opal_get_proc_hostname(ep->proc), cable, why);
+    tb_cm_cancel(module->cm, ep);
+    if (ep->conn) {
+        tb_channel_abort(tb_conn_channel(ep->conn), TB_CHAN_ECANCELED, why);
+    }
     mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
     if (module->error_cb) {
         snprintf(info, sizeof(info), "tbrdma: lost %s over cable %s: %s",
@@ -98,7 +105,7 @@ static void chan_send_done(void *ctx, void *cookie, int status)
 
 static void chan_error(void *ctx, int status, const char *why)
 {
-    endpoint_fail(ctx, why);
+    mca_btl_tbrdma_endpoint_fail(ctx, why);
 }
 
 static void channel_params(tb_channel_params_t *p)
@@ -120,6 +127,9 @@ static void channel_params(tb_channel_params_t *p)
         p->rto_max_ns = p->rto_min_ns;
     }
     p->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
+    /* What this side agreed to receive bounds what a peer can make it
+     * allocate for one message. */
+    p->max_msg_size = TBRDMA_MAX_MSG;
 }
 
 /* Create the endpoint's connection (QPs, registered slots, channel). */
@@ -167,7 +177,7 @@ static int endpoint_start_connect(mca_btl_base_endpoint_t *ep)
     rc = tb_cm_connect(ep->module->cm, ip, ep->peer_cm_port, &ep->name, sizeof(ep->name), &local,
                        ep, mca_btl_tbrdma_now_ns());
     if (TB_CM_OK != rc) {
-        endpoint_fail(ep, tb_cm_strerror(rc));
+        mca_btl_tbrdma_endpoint_fail(ep, tb_cm_strerror(rc));
         return OPAL_ERR_UNREACH;
     }
     BTL_TBRDMA_VERBOSE(20, "connecting to %s at %s:%u over %s", opal_get_proc_hostname(ep->proc),
@@ -194,6 +204,7 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
     case TB_CHAN_OK:
         return OPAL_SUCCESS;
     case TB_CHAN_ENOMEM:
+    case TB_CHAN_EAGAIN: /* the peer is not keeping up: ob1 retries later */
         return OPAL_ERR_OUT_OF_RESOURCE;
     case TB_CHAN_EMSGSIZE:
     case TB_CHAN_EINVAL:
@@ -204,8 +215,8 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
 }
 
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc, struct in_addr peer_ipv4,
-                                                        uint16_t peer_cm_port)
+                                                        opal_proc_t *proc,
+                                                        const tb_wire_modex_dev_t *peer_dev)
 {
     mca_btl_base_endpoint_t *ep = OBJ_NEW(mca_btl_base_endpoint_t);
 
@@ -215,8 +226,9 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t 
     ep->module = module;
     ep->proc = proc;
     ep->name = proc->proc_name;
-    ep->peer_ipv4 = peer_ipv4;
-    ep->peer_cm_port = peer_cm_port;
+    ep->peer_ipv4.s_addr = peer_dev->ipv4;
+    ep->peer_cm_port = tb_wire_le16(peer_dev->cm_port);
+    memcpy(ep->peer_gid, peer_dev->gid, sizeof(ep->peer_gid));
     opal_list_append(&module->endpoints, &ep->super);
     opal_hash_table_set_value_uint64(&module->endpoint_by_name, name_key(&ep->name), ep);
     return ep;
@@ -247,12 +259,52 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
         ep->conn = NULL;
     }
     mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
+    mca_btl_tbrdma_rma_forget_replies(ep);
     opal_hash_table_remove_value_uint64(&module->endpoint_by_name, name_key(&ep->name));
     opal_list_remove_item(&module->endpoints, &ep->super);
     OBJ_RELEASE(ep);
 }
 
-/* A peer asks for a connection over this module's cable. */
+/* The secret a process of this job published.  Identities come from the
+ * network: one outside the job is refused before anything is looked up or
+ * created for it (a flood of made-up names must not grow the proc table). */
+static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    opal_process_name_t name;
+    tb_wire_modex_t *mx = NULL;
+    size_t size = 0;
+    int rc;
+
+    (void) ctx;
+    if (sizeof(name) != id_len) {
+        return -1;
+    }
+    memcpy(&name, peer_id, sizeof(name));
+    if (name.jobid != OPAL_PROC_MY_NAME.jobid || (0 != c->job_size && name.vpid >= c->job_size)) {
+        return -1;
+    }
+    OPAL_MODEX_RECV(rc, &c->super.btl_version, &name, (void **) &mx, &size);
+    if (OPAL_SUCCESS != rc || NULL == mx) {
+        return -1;
+    }
+    rc = tb_modex_check(mx, size, NULL);
+    if (0 == rc) {
+        memcpy(secret, mx->cm_secret, TB_WIRE_SECRET_SIZE);
+    }
+    free(mx);
+    return rc;
+}
+
+/* The peer's blob names the device its modex entry published for this
+ * cable, or it is not the peer's. */
+static bool blob_matches_modex(const mca_btl_base_endpoint_t *ep, const tb_wire_addr_t *peer)
+{
+    return 0 == memcmp(peer->gid, ep->peer_gid, sizeof(ep->peer_gid));
+}
+
+/* A peer of the job (the connection manager checked) asks for a connection
+ * over this module's cable. */
 static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
                      tb_wire_addr_t *local, void **user)
 {
@@ -274,7 +326,13 @@ static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wir
                            module->device->name, OPAL_NAME_PRINT(name));
         return -1;
     }
-    if (NULL != ep->conn || OPAL_SUCCESS != endpoint_make_conn(ep)) {
+    if (!blob_matches_modex(ep, peer)) {
+        opal_output(0, "btl:tbrdma on %s: refused a connection from %s over %s: its queue-pair "
+                    "address is not on the device it published",
+                    opal_process_info.nodename, OPAL_NAME_PRINT(name), module->device->name);
+        return -1;
+    }
+    if (NULL != ep->conn || TBRDMA_EP_FAILED == ep->state || OPAL_SUCCESS != endpoint_make_conn(ep)) {
         return -1;
     }
     tb_conn_local_addr(ep->conn, local);
@@ -288,12 +346,17 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
     int rc;
 
     if (TB_CM_OK != status) {
-        endpoint_fail(ep, why);
+        mca_btl_tbrdma_endpoint_fail(ep, why);
+        return;
+    }
+    if (!blob_matches_modex(ep, peer)) {
+        mca_btl_tbrdma_endpoint_fail(ep, "the peer's queue-pair address is not on the device it "
+                                         "published");
         return;
     }
     rc = tb_conn_connect(ep->conn, peer, mca_btl_tbrdma_now_ns());
     if (TB_CHAN_OK != rc) {
-        endpoint_fail(ep, tb_channel_strerror(rc));
+        mca_btl_tbrdma_endpoint_fail(ep, tb_channel_strerror(rc));
         return;
     }
     ep->state = TBRDMA_EP_CONNECTED;
@@ -304,7 +367,8 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
 int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size_t errlen)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    tb_cm_callbacks_t cb = {.ctx = module, .accept = cm_accept, .done = cm_done};
+    tb_cm_callbacks_t cb = {
+        .ctx = module, .peer_secret = cm_peer_secret, .accept = cm_accept, .done = cm_done};
     opal_process_name_t *me = &opal_proc_local_get()->proc_name;
     tb_domain_params_t dp;
     tb_cm_params_t cp;
@@ -331,6 +395,7 @@ int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size
     cp.bind_ip = ip;
     cp.id = me;
     cp.id_len = sizeof(*me);
+    cp.secret = c->cm_secret;
     cp.timeout_ns = (uint64_t) c->tunables.peer_timeout_ms * 1000000u;
     cp.max_sessions = 256;
     rc = tb_cm_create(&cp, &cb, &module->cm);
@@ -364,10 +429,29 @@ void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module)
     OBJ_DESTRUCT(&module->endpoints);
 }
 
+/* A put or get whose answer never comes (a peer that drops it) would keep a
+ * flush waiting forever: look for one now and then. */
+static void check_rma_overdue(mca_btl_tbrdma_module_t *module, uint64_t now)
+{
+    mca_btl_base_endpoint_t *ep, *next;
+
+    if (now - module->last_rma_check_ns < 100000000ull) {
+        return;
+    }
+    module->last_rma_check_ns = now;
+    OPAL_LIST_FOREACH_SAFE (ep, next, &module->endpoints, mca_btl_base_endpoint_t) {
+        const char *why = mca_btl_tbrdma_rma_overdue(ep, now);
+        if (NULL != why) {
+            mca_btl_tbrdma_endpoint_fail(ep, why);
+        }
+    }
+}
+
 int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
 {
     int n = tb_cm_progress(module->cm, now);
     int m = tb_domain_progress(module->domain, now);
 
+    check_rma_overdue(module, now);
     return n + (m > 0 ? m : 0);
 }

@@ -25,31 +25,6 @@ static uint64_t name_key(const opal_process_name_t *name)
     return key;
 }
 
-/* The peer's end of this module's cable, from the peer's modex entry: the
- * one device of the peer whose address lies in this cable's subnet. */
-static int peer_on_my_cable(mca_btl_tbrdma_module_t *module, const tb_wire_modex_t *mx, size_t size,
-                            struct in_addr *ip, uint16_t *port)
-{
-    const tb_device_t *dev = module->device;
-    uint32_t mask = dev->netmask.s_addr, net = dev->ipv4.s_addr & mask;
-    int i;
-
-    if (size < sizeof(*mx) || TB_WIRE_MODEX_MAGIC != tb_wire_le32(mx->magic) ||
-        TB_WIRE_MODEX_VERSION != mx->version || mx->ndevices > TB_WIRE_MODEX_MAX_DEVICES ||
-        size != sizeof(*mx) + mx->ndevices * sizeof(mx->devices[0])) {
-        return -1;
-    }
-    for (i = 0; i < mx->ndevices; ++i) {
-        const tb_wire_modex_dev_t *pd = &mx->devices[i];
-        if (0 != mask && (pd->ipv4 & mask) == net && pd->ipv4 != dev->ipv4.s_addr) {
-            ip->s_addr = pd->ipv4;
-            *port = tb_wire_le16(pd->cm_port);
-            return 0;
-        }
-    }
-    return -1;
-}
-
 mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_module_t *module,
                                                              const opal_process_name_t *name)
 {
@@ -68,10 +43,9 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     mca_btl_base_endpoint_t *ep;
     tb_wire_modex_t *mx = NULL;
+    const char *why = NULL;
     size_t size = 0;
-    struct in_addr ip;
-    uint16_t port;
-    int rc;
+    int rc, dev = -1;
 
     ep = mca_btl_tbrdma_module_find_endpoint(module, &proc->proc_name);
     if (NULL != ep) {
@@ -81,14 +55,24 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     if (OPAL_SUCCESS != rc || NULL == mx) {
         return NULL;
     }
-    rc = peer_on_my_cable(module, mx, size, &ip, &port);
-    free(mx);
-    if (0 != rc) {
+    /* The peer's end of this module's cable: its one device in this cable's
+     * subnet. */
+    if (0 == tb_modex_check(mx, size, &why)) {
+        dev = tb_modex_find_cable(mx, module->device->ipv4.s_addr,
+                                  module->device->netmask.s_addr);
+    } else {
+        opal_output(0, "btl:tbrdma on %s: ignoring the tbrdma entry of %s: %s",
+                    opal_process_info.nodename, opal_get_proc_hostname(proc), why);
+    }
+    if (dev < 0) {
+        free(mx);
         BTL_TBRDMA_VERBOSE(20, "%s: no cable from %s to %s", module->device->name,
                            opal_process_info.nodename, opal_get_proc_hostname(proc));
         return NULL;
     }
-    return mca_btl_tbrdma_endpoint_create(module, proc, ip, port);
+    ep = mca_btl_tbrdma_endpoint_create(module, proc, &mx->devices[dev]);
+    free(mx);
+    return ep;
 }
 
 static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
@@ -298,10 +282,25 @@ static int tbrdma_flush(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
 void mca_btl_tbrdma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
                             size_t len)
 {
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     mca_btl_base_segment_t segment;
 
     if (tag < TB_TAG_FIRST_USER) {
         mca_btl_tbrdma_rma_deliver(endpoint, tag, data, len);
+        return;
+    }
+    /* A tag nothing registered (or beyond Open MPI's table) would be
+     * dispatched through a NULL pointer: the peer is broken or hostile. */
+    if (tag >= MCA_BTL_TAG_MAX || NULL == mca_btl_base_active_message_trigger[tag].cbfunc) {
+        uint64_t now = mca_btl_tbrdma_now_ns();
+        if (now - c->last_drop_warn_ns >= 1000000000ull) {
+            c->last_drop_warn_ns = now;
+            opal_output(0, "btl:tbrdma on %s: dropped a %zu-byte message with tag %u from %s: "
+                        "nothing on this process handles that tag (a peer of another Open MPI "
+                        "or tbrdma version?)",
+                        opal_process_info.nodename, len, (unsigned) tag,
+                        opal_get_proc_hostname(endpoint->proc));
+        }
         return;
     }
     segment.seg_addr.pval = (void *) data;

@@ -7,6 +7,12 @@
  * target writes or reads only memory it registered (tb_rma), after checking
  * the key, the range and the access.  The channel delivers in order, so the
  * replies come back in the order of the requests.
+ *
+ * Every message is parsed and checked whole (tb_rma_parse) before use; a
+ * peer that breaks the protocol (a reply nobody asked for, a message that
+ * does not parse) fails its endpoint, so nothing waits for an answer that
+ * cannot come.  A reply the channel cannot take yet waits in order on the
+ * endpoint, and a put or get unanswered for the peer timeout fails it too.
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"
@@ -22,6 +28,7 @@ typedef struct tbrdma_rma_req_t {
     int sent;    /* the channel finished sending the request */
     int replied; /* the reply came (status in reply_status) */
     int reply_status;
+    uint64_t start_ns;
     void *local_address;
     size_t size;
     mca_btl_base_registration_handle_t *local_handle;
@@ -31,13 +38,37 @@ typedef struct tbrdma_rma_req_t {
 } tbrdma_rma_req_t;
 OBJ_CLASS_INSTANCE(tbrdma_rma_req_t, opal_list_item_t, NULL, NULL);
 
-/* A reply must outlive the call that sends it: the channel reads it later. */
+/* A reply must outlive the call that sends it: the channel reads it later.
+ * A GET_RESP's data is the registered memory itself until the channel has
+ * copied it; if the region is withdrawn first, the channel is told to copy
+ * the rest at once (mca_btl_tbrdma_deregister_mem). */
 typedef struct tbrdma_rma_reply_t {
+    opal_list_item_t super; /* in the component's get_replies, or the endpoint's deferred */
     mca_btl_tbrdma_cookie_t cookie;
     tb_wire_rma_hdr_t hdr;
+    mca_btl_base_endpoint_t *endpoint;
+    uint8_t tag;
+    uint64_t key;     /* the region a GET_RESP reads, 0 otherwise */
+    const void *data; /* GET_RESP: what to send after the header */
+    size_t len;
+    void *copy;       /* a deferred GET_RESP's own copy of the data */
+    bool in_channel;
 } tbrdma_rma_reply_t;
+OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
+
+/* Replies waiting for the channel to take them, per endpoint, before the
+ * peer counts as not taking its answers. */
+#define TBRDMA_MAX_DEFERRED_REPLIES 4096
 
 #define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
+
+static void fail_for_dereg(mca_btl_base_endpoint_t *endpoint)
+{
+    static const char why[] = "out of memory withdrawing a region a get still reads";
+
+    tb_channel_abort(tb_conn_channel(endpoint->conn), TB_CHAN_ENOMEM, why);
+    mca_btl_tbrdma_endpoint_fail(endpoint, why);
+}
 
 static int rma_status_to_opal(int status)
 {
@@ -87,6 +118,7 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     req->cbfunc = cbfunc;
     req->cbcontext = cbcontext;
     req->cbdata = cbdata;
+    req->start_ns = mca_btl_tbrdma_now_ns();
 
     iov[0].iov_base = &req->hdr;
     iov[0].iov_len = sizeof(req->hdr);
@@ -184,101 +216,190 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
     /* Open MPI's registration caches may hand handles back after the
      * component closed; by then the table is gone and nothing is exposed. */
     if (c->started) {
+        tbrdma_rma_reply_t *reply;
         OPAL_THREAD_LOCK(&c->lock);
         (void) tb_rma_deregister(&c->rma, handle->key);
+        /* The memory may be freed once this returns: answers still reading
+         * it take their own copy of what is left. */
+    again:
+        OPAL_LIST_FOREACH (reply, &c->get_replies, tbrdma_rma_reply_t) {
+            if (reply->key == handle->key && reply->endpoint->conn
+                && TB_CHAN_ENOMEM == tb_channel_send_detach(tb_conn_channel(reply->endpoint->conn),
+                                                            &reply->cookie)) {
+                /* No memory for the copy: end the answer rather than let it
+                 * read memory that is about to go (which frees the failed
+                 * endpoint's answers from this list: walk it again). */
+                fail_for_dereg(reply->endpoint);
+                goto again;
+            }
+        }
         OPAL_THREAD_UNLOCK(&c->lock);
     }
     free(handle);
     return OPAL_SUCCESS;
 }
 
-static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t req_id, int status,
-                       const void *data, size_t len)
+static void reply_free(tbrdma_rma_reply_t *reply)
 {
-    tbrdma_rma_reply_t *reply = calloc(1, sizeof(*reply));
+    free(reply->copy);
+    OBJ_RELEASE(reply);
+}
+
+/* Hand a reply to the channel: OPAL_SUCCESS, OPAL_ERR_OUT_OF_RESOURCE when it
+ * cannot take it yet, or the endpoint's failure. */
+static int reply_post(tbrdma_rma_reply_t *reply)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     struct iovec iov[2];
+    int rc;
+
+    iov[0].iov_base = &reply->hdr;
+    iov[0].iov_len = sizeof(reply->hdr);
+    iov[1].iov_base = (void *) reply->data;
+    iov[1].iov_len = reply->len;
+    rc = mca_btl_tbrdma_endpoint_send(reply->endpoint, reply->tag, iov, reply->len ? 2 : 1,
+                                      &reply->cookie);
+    if (OPAL_SUCCESS == rc) {
+        reply->in_channel = true;
+        if (0 != reply->key) {
+            opal_list_append(&c->get_replies, &reply->super);
+        }
+    }
+    return rc;
+}
+
+/* Replies go out in the order of the requests: once one waits, the rest
+ * queue behind it. */
+static void reply_queue(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_reply_t *reply)
+{
+    if (opal_list_get_size(&endpoint->rma_deferred) >= TBRDMA_MAX_DEFERRED_REPLIES) {
+        reply_free(reply);
+        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer sent more put/get requests than it "
+                                               "takes answers to");
+        return;
+    }
+    if (0 != reply->key && NULL == reply->copy) {
+        /* The channel will read it later than the region may live. */
+        reply->copy = malloc(reply->len);
+        if (NULL == reply->copy) {
+            reply_free(reply);
+            mca_btl_tbrdma_endpoint_fail(endpoint, "out of memory answering a get");
+            return;
+        }
+        memcpy(reply->copy, reply->data, reply->len);
+        reply->data = reply->copy;
+        reply->key = 0;
+    }
+    opal_list_append(&endpoint->rma_deferred, &reply->super);
+}
+
+/* Post the replies that waited, in order, as far as the channel takes them. */
+static void post_deferred(mca_btl_base_endpoint_t *endpoint)
+{
+    while (!opal_list_is_empty(&endpoint->rma_deferred)) {
+        tbrdma_rma_reply_t *reply =
+            (tbrdma_rma_reply_t *) opal_list_get_first(&endpoint->rma_deferred);
+        int rc;
+
+        opal_list_remove_item(&endpoint->rma_deferred, &reply->super);
+        rc = reply_post(reply);
+        if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
+            opal_list_prepend(&endpoint->rma_deferred, &reply->super);
+            return;
+        }
+        if (OPAL_SUCCESS != rc) {
+            reply_free(reply); /* the endpoint failed: nobody waits for it */
+        }
+    }
+}
+
+static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t req_id,
+                       int status, uint64_t key, const void *data, size_t len)
+{
+    tbrdma_rma_reply_t *reply = OBJ_NEW(tbrdma_rma_reply_t);
+    int rc;
 
     if (NULL == reply) {
-        opal_output(0, "btl:tbrdma: out of memory answering a put/get from %s",
-                    opal_get_proc_hostname(endpoint->proc));
+        mca_btl_tbrdma_endpoint_fail(endpoint, "out of memory answering a put or get");
         return;
     }
     reply->cookie.kind = TBRDMA_COOKIE_REPLY;
+    memset(&reply->hdr, 0, sizeof(reply->hdr));
     reply->hdr.version = TB_WIRE_RMA_VERSION;
     reply->hdr.status = (uint8_t) status;
-    reply->hdr.req_id = req_id;
+    reply->hdr.req_id = tb_wire_le64(req_id);
     reply->hdr.len = tb_wire_le64(len);
-    iov[0].iov_base = &reply->hdr;
-    iov[0].iov_len = sizeof(reply->hdr);
-    iov[1].iov_base = (void *) data;
-    iov[1].iov_len = len;
-    if (OPAL_SUCCESS !=
-        mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, len ? 2 : 1, &reply->cookie)) {
-        free(reply);
+    reply->endpoint = endpoint;
+    reply->tag = tag;
+    reply->key = TB_RMA_OK == status ? key : 0;
+    reply->data = data;
+    reply->len = len;
+    reply->copy = NULL;
+    reply->in_channel = false;
+    if (opal_list_is_empty(&endpoint->rma_deferred)) {
+        rc = reply_post(reply);
+        if (OPAL_SUCCESS == rc) {
+            return;
+        }
+        if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
+            reply_free(reply);
+            return;
+        }
     }
+    reply_queue(endpoint, reply);
 }
 
 /* A peer's PUT or GET_REQ: check it against what this process registered,
  * then serve it or refuse it.  A refusal is logged: it means a peer holds a
  * stale or forged handle, which is a bug worth seeing. */
-static void serve(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wire_rma_hdr_t *hdr,
-                  const void *payload, size_t payload_len)
+static void serve(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, int status)
 {
-    uint64_t addr = tb_wire_le64(hdr->addr), len = tb_wire_le64(hdr->len);
-    int put = TB_TAG_RMA_PUT == tag;
+    int put = TB_TAG_RMA_PUT == m->tag;
     void *local = NULL;
-    int status;
 
-    if (TB_WIRE_RMA_VERSION != hdr->version || (put && payload_len != len) ||
-        (!put && 0 != payload_len)) {
-        status = TB_RMA_EPROTO;
-    } else {
-        status = tb_rma_check(&mca_btl_tbrdma_component.rma, tb_wire_le64(hdr->key), addr, len,
+    if (TB_RMA_OK == status) {
+        status = tb_rma_check(&mca_btl_tbrdma_component.rma, m->key, m->addr, m->len,
                               put ? TB_RMA_ACCESS_WRITE : TB_RMA_ACCESS_READ, &local);
     }
     if (TB_RMA_OK != status) {
         opal_output(0,
                     "btl:tbrdma on %s: refused a %s of %llu bytes at 0x%llx (key %016llx) from "
                     "%s: %s; nothing was %s",
-                    opal_process_info.nodename, put ? "put" : "get", (unsigned long long) len,
-                    (unsigned long long) addr, (unsigned long long) tb_wire_le64(hdr->key),
+                    opal_process_info.nodename, put ? "put" : "get", (unsigned long long) m->len,
+                    (unsigned long long) m->addr, (unsigned long long) m->key,
                     opal_get_proc_hostname(endpoint->proc), tb_rma_status_string(status),
                     put ? "written" : "read");
-        send_reply(endpoint, put ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP, hdr->req_id, status,
+        send_reply(endpoint, put ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP, m->req_id, status, 0,
                    NULL, 0);
         return;
     }
     if (put) {
-        memcpy(local, payload, len);
-        send_reply(endpoint, TB_TAG_RMA_PUT_ACK, hdr->req_id, TB_RMA_OK, NULL, 0);
+        memcpy(local, m->payload, m->len);
+        send_reply(endpoint, TB_TAG_RMA_PUT_ACK, m->req_id, TB_RMA_OK, 0, NULL, 0);
     } else {
-        send_reply(endpoint, TB_TAG_RMA_GET_RESP, hdr->req_id, TB_RMA_OK, local, len);
+        send_reply(endpoint, TB_TAG_RMA_GET_RESP, m->req_id, TB_RMA_OK, m->key, local, m->len);
     }
 }
 
 /* A reply to the oldest request still waiting. */
-static void complete(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wire_rma_hdr_t *hdr,
-                     const void *payload, size_t payload_len)
+static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m)
 {
     tbrdma_rma_req_t *req = NULL;
-    int status = hdr->status;
+    int status = m->status;
     uint8_t want = 0;
 
     if (!opal_list_is_empty(&endpoint->rma_pending)) {
         req = (tbrdma_rma_req_t *) opal_list_get_first(&endpoint->rma_pending);
         want = TB_TAG_RMA_PUT == req->tag ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP;
     }
-    if (NULL == req || req->hdr.req_id != hdr->req_id || want != tag) {
-        opal_output(0, "btl:tbrdma on %s: unexpected put/get reply from %s (ignored)",
-                    opal_process_info.nodename, opal_get_proc_hostname(endpoint->proc));
+    if (NULL == req || tb_wire_le64(req->hdr.req_id) != m->req_id || want != m->tag
+        || (TB_TAG_RMA_GET_RESP == m->tag && TB_RMA_OK == status && m->len != req->size)) {
+        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer answered a put or get that was not "
+                                               "asked (protocol violation)");
         return;
     }
-    if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == tag) {
-        if (payload_len != req->size) {
-            status = TB_RMA_EPROTO;
-        } else {
-            memcpy(req->local_address, payload, payload_len);
-        }
+    if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == m->tag) {
+        memcpy(req->local_address, m->payload, m->payload_len);
     }
     if (TB_RMA_OK != status) {
         opal_output(0, "btl:tbrdma on %s: %s of %zu bytes refused by %s: %s",
@@ -295,30 +416,48 @@ static void complete(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const tb_wi
 void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
                                 size_t len)
 {
-    tb_wire_rma_hdr_t hdr;
-    const char *payload = (const char *) data + sizeof(hdr);
+    tb_rma_msg_t m;
+    int status = tb_rma_parse(tag, data, len, TBRDMA_RMA_LIMIT, &m);
+    bool request = TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag;
 
-    if (len < sizeof(hdr)) {
-        opal_output(0,
-                    "btl:tbrdma on %s: dropped a %zu-byte put/get message from %s: shorter "
-                    "than its header",
-                    opal_process_info.nodename, len, opal_get_proc_hostname(endpoint->proc));
+    /* A malformed request with a readable header is answered, so its
+     * requester hears why; anything else malformed ends the connection. */
+    if (TB_RMA_OK != status && !(request && len >= sizeof(tb_wire_rma_hdr_t))) {
+        char why[160];
+        snprintf(why, sizeof(why), "the peer sent a malformed put/get message (tag %u, %zu "
+                 "bytes)", (unsigned) tag, len);
+        mca_btl_tbrdma_endpoint_fail(endpoint, why);
         return;
     }
-    memcpy(&hdr, data, sizeof(hdr));
-    switch (tag) {
-    case TB_TAG_RMA_PUT:
-    case TB_TAG_RMA_GET_REQ:
-        serve(endpoint, tag, &hdr, payload, len - sizeof(hdr));
-        break;
-    case TB_TAG_RMA_PUT_ACK:
-    case TB_TAG_RMA_GET_RESP:
-        complete(endpoint, tag, &hdr, payload, len - sizeof(hdr));
-        break;
-    default:
-        opal_output(0, "btl:tbrdma on %s: dropped a message with unknown tag %u from %s",
-                    opal_process_info.nodename, (unsigned) tag,
-                    opal_get_proc_hostname(endpoint->proc));
+    if (request) {
+        serve(endpoint, &m, status);
+    } else {
+        complete(endpoint, &m);
+    }
+}
+
+const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
+{
+    uint64_t limit = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
+    tbrdma_rma_req_t *req;
+
+    if (!opal_list_is_empty(&endpoint->rma_deferred)) {
+        post_deferred(endpoint);
+    }
+    if (opal_list_is_empty(&endpoint->rma_pending)) {
+        return NULL;
+    }
+    req = (tbrdma_rma_req_t *) opal_list_get_first(&endpoint->rma_pending);
+    if (now - req->start_ns < limit) {
+        return NULL;
+    }
+    return "a put or get got no answer within btl_tbrdma_peer_timeout";
+}
+
+void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint)
+{
+    while (!opal_list_is_empty(&endpoint->rma_deferred)) {
+        reply_free((tbrdma_rma_reply_t *) opal_list_remove_first(&endpoint->rma_deferred));
     }
 }
 
@@ -328,7 +467,12 @@ void mca_btl_tbrdma_rma_send_done(mca_btl_base_endpoint_t *endpoint, void *cooki
     tbrdma_rma_req_t *req;
 
     if (TBRDMA_COOKIE_REPLY == c->kind) {
-        free((char *) c - offsetof(tbrdma_rma_reply_t, cookie));
+        tbrdma_rma_reply_t *reply =
+            (tbrdma_rma_reply_t *) ((char *) c - offsetof(tbrdma_rma_reply_t, cookie));
+        if (0 != reply->key) {
+            opal_list_remove_item(&mca_btl_tbrdma_component.get_replies, &reply->super);
+        }
+        reply_free(reply);
         return;
     }
     req = REQ_OF_COOKIE(c);

@@ -109,6 +109,7 @@ typedef struct tb_tx_lane {
     uint32_t retx_end;  /* equal when nothing is to be resent */
     uint32_t next_tsn;
     uint32_t peer_limit; /* may transmit tsn <= peer_limit */
+    uint32_t peer_depth; /* receives the peer posts on the lane (its blob) */
     uint64_t srtt;       /* smoothed round trip; 0 before the first sample */
     uint64_t rttvar;
     uint64_t rto;        /* current timeout, backoff included */
@@ -482,10 +483,11 @@ static uint32_t rx_limit(tb_channel_t *ch, unsigned l)
 
 static int tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl)
 {
-    tb_tx_lane_t *t = &ch->tx[lane];
-    int32_t avail = tb_seq_diff(t->peer_limit, t->next_tsn) + 1;
+    const tb_tx_lane_t *t = &ch->tx[lane];
     int32_t reserve = (lane == 0 && !is_ctrl) ? CTRL_RESERVE : 0;
-    return avail > reserve;
+    /* Credits left: peer_limit - next_tsn + 1 > reserve, written without
+     * the + 1 that could overflow. */
+    return tb_seq_diff(t->peer_limit, t->next_tsn) >= reserve;
 }
 
 /* The selective-ack bitmap of lane l: bit i is seq expected + 1 + i held. */
@@ -1262,6 +1264,12 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
     for (unsigned l = 0; l < ch->p.nlanes && ch_usable(ch); l++) {
         tb_tx_lane_t *t = &ch->tx[l];
         uint32_t lim = tb_wire_le32(h->credit[l]);
+        /* The peer cannot have posted more receives than its depth beyond
+         * the last tsn it can have seen; a larger limit is a lie. */
+        uint32_t most = t->next_tsn - 1 + t->peer_depth;
+        if (tb_seq_lt(most, lim)) {
+            lim = most;
+        }
         if (tb_seq_lt(t->peer_limit, lim)) {
             t->peer_limit = lim;
         }
@@ -1642,6 +1650,13 @@ int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t no
         return TB_CHAN_EPROTO;
     }
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        uint16_t depth = tb_wire_le16(peer->recv_depth[l]);
+        if (depth < 1 || depth > 4095) {
+            TB_ERROR("reliable channel: the peer's lane %u receive depth is %u; it must be "
+                     "between 1 and 4095", l, (unsigned) depth);
+            return TB_CHAN_EPROTO;
+        }
+        ch->tx[l].peer_depth = depth;
         if (tb_wire_le32(peer->frame_size[l]) != ch->p.frame_size[l]) {
             TB_ERROR("reliable channel: the peer's lane %u frame size is %u, this side's %u; "
                      "set the same frame sizes on every node", l,

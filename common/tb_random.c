@@ -3,25 +3,40 @@
  */
 #include "tb_random.h"
 
-#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __APPLE__
+#    include <sys/random.h>
+#endif
+
+int tb_random_bytes(void *buf, size_t len)
+{
+    unsigned char *p = buf;
+
+    /* getentropy() (Linux glibc 2.25+, macOS 10.12+) serves at most 256
+     * bytes per call and never returns short. */
+    while (len > 0) {
+        size_t n = len > 256 ? 256 : len;
+        if (getentropy(p, n) != 0) {
+            return -1;
+        }
+        p += n;
+        len -= n;
+    }
+    return 0;
+}
 
 uint64_t tb_random64(void)
 {
     static uint64_t mix;
     uint64_t v = 0;
     struct timespec ts;
-    int fd = open("/dev/urandom", O_RDONLY);
 
-    if (fd >= 0) {
-        if (read(fd, &v, sizeof(v)) != (ssize_t) sizeof(v)) {
-            v = 0;
-        }
-        close(fd);
+    if (tb_random_bytes(&v, sizeof(v)) != 0) {
+        v = 0;
     }
-    /* Without /dev/urandom, time, pid and a counter still make epochs of two
-     * incarnations differ, which is all the channel needs. */
+    /* Without an entropy source, time, pid and a counter still make epochs
+     * of two incarnations differ, which is all the channel needs. */
     clock_gettime(CLOCK_REALTIME, &ts);
     mix += 0x9e3779b97f4a7c15ull;
     v ^= mix ^ ((uint64_t) ts.tv_sec << 30) ^ (uint64_t) ts.tv_nsec ^ ((uint64_t) getpid() << 42);

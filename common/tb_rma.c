@@ -9,17 +9,24 @@
 
 #define TB_RMA_MIN_CAPACITY 64
 
-/* splitmix64: keys must not be guessable from each other by a peer that
- * has seen some of them, and must never be 0. */
+/* A key no peer can guess from the keys it has seen: a PRF of a counter
+ * under this process's secret.  Never 0 (a free slot). */
 static uint64_t next_key(tb_rma_table_t *t)
 {
+    uint8_t mac[TB_SHA256_SIZE];
     uint64_t z;
 
     do {
-        z = (t->rng += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
+        tb_hmac_t h;
+        uint8_t ctr[8];
+        uint64_t c = t->counter++;
+        for (unsigned i = 0; i < 8; i++) {
+            ctr[i] = (uint8_t) (c >> (8 * i));
+        }
+        tb_hmac_init(&h, t->secret, sizeof(t->secret));
+        tb_hmac_update(&h, ctr, sizeof(ctr));
+        tb_hmac_final(&h, mac);
+        memcpy(&z, mac, sizeof(z));
     } while (0 == z);
     return z;
 }
@@ -37,7 +44,16 @@ int tb_rma_table_init(tb_rma_table_t *t, uint64_t seed)
     if (NULL == t->slots) {
         return -1;
     }
-    t->rng = seed ? seed : tb_random64();
+    if (seed) {
+        tb_sha256_t s;
+        tb_sha256_init(&s);
+        tb_sha256_update(&s, &seed, sizeof(seed));
+        tb_sha256_final(&s, t->secret);
+    } else if (tb_random_bytes(t->secret, sizeof(t->secret)) != 0) {
+        free(t->slots);
+        t->slots = NULL;
+        return -1;
+    }
     return 0;
 }
 
@@ -175,4 +191,48 @@ const char *tb_rma_status_string(int status)
     default:
         return "unknown status";
     }
+}
+
+tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
+                             tb_rma_msg_t *m)
+{
+    tb_wire_rma_hdr_t h;
+    size_t want;
+
+    memset(m, 0, sizeof(*m));
+    if (len < sizeof(h)) {
+        return TB_RMA_EPROTO;
+    }
+    memcpy(&h, data, sizeof(h));
+    m->tag = tag;
+    m->status = h.status;
+    m->req_id = tb_wire_le64(h.req_id);
+    m->key = tb_wire_le64(h.key);
+    m->addr = tb_wire_le64(h.addr);
+    m->len = tb_wire_le64(h.len);
+    m->payload = (const unsigned char *) data + sizeof(h);
+    m->payload_len = len - sizeof(h);
+    if (TB_WIRE_RMA_VERSION != h.version || 0 != h.reserved || 0 != h.reserved2
+        || m->len > max_len) {
+        return TB_RMA_EPROTO;
+    }
+    switch (tag) {
+    case TB_TAG_RMA_PUT:
+        want = (size_t) m->len;
+        break;
+    case TB_TAG_RMA_GET_RESP:
+        want = TB_RMA_OK == m->status ? (size_t) m->len : 0;
+        break;
+    case TB_TAG_RMA_GET_REQ:
+    case TB_TAG_RMA_PUT_ACK:
+        want = 0;
+        break;
+    default:
+        return TB_RMA_EPROTO;
+    }
+    if (m->payload_len != want || m->status > TB_RMA_EPROTO
+        || ((TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag) && 0 != m->status)) {
+        return TB_RMA_EPROTO;
+    }
+    return TB_RMA_OK;
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tb_sha256.h"
 #include "tb_wire.h"
 
 enum {
@@ -31,10 +32,14 @@ typedef struct tb_rma_table {
     tb_rma_region_t *slots; /* open addressing, capacity a power of two */
     size_t capacity;
     size_t count;
-    uint64_t rng; /* key generator state */
+    /* Keys are HMAC-SHA256(secret, counter): unpredictable from any number of
+     * keys seen, where a mix of a counter (splitmix64, say) can be inverted. */
+    uint8_t secret[TB_SHA256_SIZE];
+    uint64_t counter;
 } tb_rma_table_t;
 
-/* seed 0: seeded from the OS's random source and the clock. */
+/* seed 0: a secret from the OS's random source (fails without one); any
+ * other seed: a fixed secret derived from it, for tests.  0 or -1. */
 int tb_rma_table_init(tb_rma_table_t *t, uint64_t seed);
 void tb_rma_table_fini(tb_rma_table_t *t);
 
@@ -52,5 +57,26 @@ tb_rma_status_t tb_rma_check(const tb_rma_table_t *t, uint64_t key, uint64_t add
                              uint32_t access, void **local);
 
 const char *tb_rma_status_string(int status);
+
+/* A peer's RMA message, parsed: header fields in host order, the payload
+ * (PUT data, GET_RESP data) after the header. */
+typedef struct tb_rma_msg {
+    uint8_t tag;
+    uint8_t status;
+    uint64_t req_id;
+    uint64_t key;
+    uint64_t addr;
+    uint64_t len;
+    const void *payload;
+    size_t payload_len;
+} tb_rma_msg_t;
+
+/* Parse the RMA message data[0..len) that arrived with tag.  Every field is
+ * checked: version, reserved zero, tag known, len at most max_len, and the
+ * payload as long as the header says (PUT: len bytes; GET_RESP: len bytes,
+ * none if refused; GET_REQ and PUT_ACK: none).  TB_RMA_OK, or TB_RMA_EPROTO
+ * with *m unusable. */
+tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
+                             tb_rma_msg_t *m);
 
 #endif /* TB_RMA_H */

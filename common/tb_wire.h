@@ -159,10 +159,16 @@ _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header la
  * has its own small IPv4 subnet, so a local device and a peer device whose
  * addresses share the local device's subnet are the two ends of one cable.
  * cm_port is the TCP port (on that address) where connections are set up.
+ *
+ * cm_secret is this process's connection-setup secret.  The modex reaches
+ * only the processes of the job (through the launcher, never a cable), so
+ * two of them derive a key from both their secrets that nobody else has, and
+ * authenticate every connection-setup message with it (tb_cm.h).
  */
 #define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
-#define TB_WIRE_MODEX_VERSION 1
+#define TB_WIRE_MODEX_VERSION 2
 #define TB_WIRE_MODEX_MAX_DEVICES 16
+#define TB_WIRE_SECRET_SIZE 32
 
 typedef struct __attribute__((packed)) tb_wire_modex_dev {
     uint32_t ipv4;    /* network byte order, as in struct in_addr */
@@ -178,11 +184,83 @@ typedef struct __attribute__((packed)) tb_wire_modex {
     uint8_t version;
     uint8_t ndevices;
     uint16_t reserved;
+    uint8_t cm_secret[TB_WIRE_SECRET_SIZE];
     tb_wire_modex_dev_t devices[]; /* ndevices entries */
 } tb_wire_modex_t;
 
 _Static_assert(sizeof(tb_wire_modex_dev_t) == 32, "modex device entry layout");
-_Static_assert(sizeof(tb_wire_modex_t) == 8, "modex header layout");
+_Static_assert(sizeof(tb_wire_modex_t) == 40, "modex header layout");
+
+/*
+ * Connection setup over TCP (tb_cm.h), version 2.  Four fixed-size messages,
+ * each starting with tb_wire_cm_hdr_t; which one comes next is known from the
+ * exchange's state, so each is read whole before it is looked at:
+ *
+ *   requester -> responder  HELLO      nonce_r
+ *   responder -> requester  CHALLENGE  nonce_s
+ *   requester -> responder  REQUEST    identities, blob, mac
+ *   responder -> requester  REPLY      status, blob, mac
+ *
+ * The macs are HMAC-SHA256 under the pair's key over both nonces and the
+ * message (the REPLY's also over the REQUEST's mac), so neither a forged nor
+ * a replayed message is accepted, and the responder says nothing about itself
+ * before the requester has proved it belongs to the job.
+ */
+#define TB_WIRE_CM_MAGIC 0x4d434254u /* "TBCM" */
+#define TB_WIRE_CM_VERSION 2
+#define TB_WIRE_CM_NONCE 16
+#define TB_WIRE_CM_ID_MAX 64
+#define TB_WIRE_CM_MAC 32
+
+enum {
+    TB_CM_MSG_HELLO = 1,
+    TB_CM_MSG_CHALLENGE = 2,
+    TB_CM_MSG_REQUEST = 3,
+    TB_CM_MSG_REPLY = 4,
+};
+
+/* REPLY status. */
+enum {
+    TB_CM_R_ACCEPT = 0,
+    TB_CM_R_REFUSED = 1,   /* the responder's owner refused */
+    TB_CM_R_COLLISION = 2, /* both asked at once; the responder's request stands */
+};
+
+typedef struct __attribute__((packed)) tb_wire_cm_hdr {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t type;
+    uint16_t reserved; /* zero */
+} tb_wire_cm_hdr_t;
+
+typedef struct __attribute__((packed)) tb_wire_cm_nonce_msg {
+    tb_wire_cm_hdr_t hdr; /* HELLO or CHALLENGE */
+    uint8_t nonce[TB_WIRE_CM_NONCE];
+} tb_wire_cm_nonce_msg_t;
+
+typedef struct __attribute__((packed)) tb_wire_cm_request {
+    tb_wire_cm_hdr_t hdr;
+    uint8_t id_len;      /* the requester's identity: 1..TB_WIRE_CM_ID_MAX */
+    uint8_t peer_id_len; /* the identity it wants to reach */
+    uint8_t reserved[6];
+    uint8_t id[TB_WIRE_CM_ID_MAX]; /* zero beyond id_len */
+    uint8_t peer_id[TB_WIRE_CM_ID_MAX];
+    tb_wire_addr_t addr;
+    uint8_t mac[TB_WIRE_CM_MAC];
+} tb_wire_cm_request_t;
+
+typedef struct __attribute__((packed)) tb_wire_cm_reply {
+    tb_wire_cm_hdr_t hdr;
+    uint8_t status;
+    uint8_t reserved[7];
+    tb_wire_addr_t addr; /* zero unless status is TB_CM_R_ACCEPT */
+    uint8_t mac[TB_WIRE_CM_MAC];
+} tb_wire_cm_reply_t;
+
+_Static_assert(sizeof(tb_wire_cm_hdr_t) == 8, "cm header layout");
+_Static_assert(sizeof(tb_wire_cm_nonce_msg_t) == 24, "cm nonce message layout");
+_Static_assert(sizeof(tb_wire_cm_request_t) == 240, "cm request layout");
+_Static_assert(sizeof(tb_wire_cm_reply_t) == 112, "cm reply layout");
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 static inline uint16_t tb_wire_le16(uint16_t v) { return v; }

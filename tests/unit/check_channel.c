@@ -1291,6 +1291,37 @@ START_TEST(test_reassembly_window)
 }
 END_TEST
 
+/* Regression (found by fuzz_frame): a frame granting credit 2^31 - 1 beyond
+ * the next tsn made the credit count overflow (undefined; in practice the
+ * lane then had no credit and stalled for good).  A limit beyond what the
+ * peer can have posted is clamped, and traffic goes on. */
+START_TEST(test_credit_lie)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 78);
+    unsigned char buf[TB_WIRE_HW_FRAME];
+    tb_wire_frame_hdr_t *h = (tb_wire_frame_hdr_t *) buf;
+
+    run_for(pr, 50 * MS); /* let the HELLO exchange settle */
+    /* Nothing has gone out on lane 1 yet, and everything on lane 0: the
+     * limits below are exactly INT32_MAX past each lane's next tsn. */
+    uint32_t sent0 = (uint32_t) tb_channel_counters(pr->p[0].ch)->frames_sent;
+
+    make_frame(buf, pr, TB_FRAME_ACK, 0, 0, 0, 0);
+    h->credit[0] = tb_wire_le32(pr->params[0].initial_seq[0] + sent0 + 0x7fffffffu);
+    h->credit[1] = tb_wire_le32(pr->params[0].initial_seq[1] + 0x7fffffffu);
+    h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
+    tb_lossy_inject(pr->net, 0, 0, buf, TB_WIRE_HDR_SIZE);
+    pair_step(pr);
+    for (unsigned i = 0; i < 200; i++) {
+        send_msg(pr, 0, i % 3 ? 100 : 70000, 0x20);
+    }
+    ck_assert(run_until(pr, all_done, 10000 * MS));
+    ck_assert_uint_eq(pr->p[0].errors, 0);
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
 /* Many small messages on lane 0 while large ones take lane 1: the small ones
  * would run ahead of a large one past the receiver's window; the sender holds
  * them back instead, with and without loss. */
@@ -1645,6 +1676,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_violations);
     tcase_add_test(tc, test_violation_held);
     tcase_add_test(tc, test_reassembly_window);
+    tcase_add_test(tc, test_credit_lie);
     tcase_add_test(tc, test_order_window_two_lanes);
     tcase_add_test(tc, test_send_error_completion);
     tcase_add_test(tc, test_backpressure);

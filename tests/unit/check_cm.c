@@ -1,13 +1,16 @@
 /*
  * Unit tests of the connection manager over loopback TCP: plain exchange,
  * simultaneous connect in both orders, refusal, unreachable and silent
- * peers, malformed and byte-by-byte requests.
+ * peers; and what a hostile caller can do: malformed, forged, replayed and
+ * byte-by-byte requests, probes for the listener's identity, and floods of
+ * idle connections.
  */
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +22,10 @@
 #include "tb_cm.h"
 #include "tb_crc32c.h"
 #include "tb_log.h"
+#include "tb_sha256.h"
 #include "tb_wire.h"
 
 #define MS 1000000ull
-#define CM_MSG_SIZE (8 + TB_CM_ID_MAX + TB_WIRE_ADDR_SIZE)
 
 typedef struct side {
     tb_cm_t *cm;
@@ -30,6 +33,7 @@ typedef struct side {
     int refuse;
     unsigned accepts;
     unsigned dones;
+    unsigned secret_lookups;
     int done_status;
     void *done_user;
     tb_wire_addr_t done_peer;
@@ -38,11 +42,31 @@ typedef struct side {
     char why[256];
 } side_t;
 
+static char logged[8192]; /* what the connection manager warned about */
+
+static void log_capture(tb_log_level_t level, const char *msg, void *ctx)
+{
+    size_t n = strlen(logged);
+    (void) level;
+    (void) ctx;
+    snprintf(logged + n, sizeof(logged) - n, "%s\n", msg);
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+/* Every identity of the test's "job" has the secret SHA-256(identity);
+ * identities starting with "stranger" are not in the job. */
+static void secret_of(const char *id, size_t len, uint8_t *secret)
+{
+    tb_sha256_t h;
+    tb_sha256_init(&h);
+    tb_sha256_update(&h, id, len);
+    tb_sha256_final(&h, secret);
 }
 
 static void blob(tb_wire_addr_t *a, uint64_t epoch)
@@ -53,6 +77,17 @@ static void blob(tb_wire_addr_t *a, uint64_t epoch)
     a->nlanes = 2;
     a->epoch = tb_wire_le64(epoch);
     a->crc = tb_wire_le32(tb_crc32c(0, a, TB_WIRE_ADDR_SIZE - 4));
+}
+
+static int cb_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
+{
+    side_t *s = ctx;
+    s->secret_lookups++;
+    if (id_len >= 8 && memcmp(peer_id, "stranger", 8) == 0) {
+        return -1;
+    }
+    secret_of(peer_id, id_len, secret);
+    return 0;
 }
 
 static int cb_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
@@ -84,22 +119,34 @@ static void cb_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
     snprintf(s->why, sizeof(s->why), "%s", why ? why : "");
 }
 
-static void side_init(side_t *s, const char *id, uint64_t accept_epoch, uint64_t timeout_ms)
+static void side_init_full(side_t *s, const char *id, uint64_t accept_epoch, uint64_t timeout_ms,
+                           uint64_t handshake_ms)
 {
+    uint8_t secret[TB_WIRE_SECRET_SIZE];
     tb_cm_params_t p = {
         .bind_ip = "127.0.0.1",
         .id = id,
         .id_len = strlen(id),
+        .secret = secret,
         .timeout_ns = timeout_ms * MS,
+        .handshake_ns = handshake_ms * MS,
         .max_sessions = 16,
+        .max_per_source = 8,
     };
-    tb_cm_callbacks_t cb = { .ctx = s, .accept = cb_accept, .done = cb_done };
+    tb_cm_callbacks_t cb = {
+        .ctx = s, .peer_secret = cb_peer_secret, .accept = cb_accept, .done = cb_done};
 
     memset(s, 0, sizeof(*s));
     s->id = id;
+    secret_of(id, strlen(id), secret);
     blob(&s->accept_blob, accept_epoch);
     ck_assert_int_eq(tb_cm_create(&p, &cb, &s->cm), TB_CM_OK);
     ck_assert_uint_ne(tb_cm_port(s->cm), 0);
+}
+
+static void side_init(side_t *s, const char *id, uint64_t accept_epoch, uint64_t timeout_ms)
+{
+    side_init_full(s, id, accept_epoch, timeout_ms, 0);
 }
 
 /* Progress both until each has its expected number of done callbacks or
@@ -116,6 +163,14 @@ static void run(side_t *a, side_t *b, unsigned want_a, unsigned want_b, uint64_t
     }
 }
 
+static void spin(side_t *s, unsigned ms)
+{
+    for (unsigned i = 0; i < ms; i++) {
+        tb_cm_progress(s->cm, now_ns());
+        usleep(1000);
+    }
+}
+
 static int raw_connect(uint16_t port)
 {
     struct sockaddr_in sin;
@@ -129,42 +184,132 @@ static int raw_connect(uint16_t port)
     return fd;
 }
 
-/* A well-formed request from identity id with blob epoch. */
-static void raw_request(uint8_t *msg, const char *id, uint64_t epoch)
+/* Progress s while reading n bytes on fd: n, or -1 if the socket closed
+ * first, or what arrived when limit_ms passed. */
+static ssize_t raw_read(side_t *s, int fd, void *buf, size_t n, uint64_t limit_ms)
 {
-    tb_wire_addr_t a;
-    uint32_t magic = tb_wire_le32(0x4d434254u);
-    memset(msg, 0, CM_MSG_SIZE);
-    memcpy(msg, &magic, 4);
-    msg[4] = TB_CM_VERSION;
-    msg[5] = 1; /* request */
-    msg[7] = (uint8_t) strlen(id);
-    memcpy(msg + 8, id, strlen(id));
-    blob(&a, epoch);
-    memcpy(msg + 8 + TB_CM_ID_MAX, &a, sizeof(a));
-}
-
-/* Progress s while reading the reply on fd: returns the reply's status byte,
- * or -1 if the socket closed first. */
-static int raw_reply(side_t *s, int fd)
-{
-    uint8_t msg[CM_MSG_SIZE];
     size_t got = 0;
-    uint64_t end = now_ns() + 2000 * MS;
+    uint64_t end = now_ns() + limit_ms * MS;
 
-    while (got < sizeof(msg) && now_ns() < end) {
-        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    while (got < n && now_ns() < end) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
         tb_cm_progress(s->cm, now_ns());
         if (poll(&pfd, 1, 1) == 1) {
-            ssize_t n = recv(fd, msg + got, sizeof(msg) - got, 0);
-            if (n <= 0) {
+            ssize_t r = recv(fd, (uint8_t *) buf + got, n - got, 0);
+            if (r <= 0) {
                 return -1;
             }
-            got += (size_t) n;
+            got += (size_t) r;
         }
     }
-    ck_assert_uint_eq(got, sizeof(msg));
-    return msg[6];
+    return (ssize_t) got;
+}
+
+/* A hand-made requester: it speaks the protocol of tb_wire.h itself, so the
+ * tests can make it lie. */
+typedef struct raw {
+    int fd;
+    uint8_t nonce_r[TB_WIRE_CM_NONCE];
+    uint8_t nonce_s[TB_WIRE_CM_NONCE];
+    uint8_t key[TB_CM_KEY_SIZE];
+    tb_wire_cm_request_t req;
+} raw_t;
+
+static void raw_hdr(tb_wire_cm_hdr_t *h, uint8_t type)
+{
+    h->magic = tb_wire_le32(TB_WIRE_CM_MAGIC);
+    h->version = TB_WIRE_CM_VERSION;
+    h->type = type;
+    h->reserved = 0;
+}
+
+static void raw_mac(const raw_t *r, const char *label, const void *extra, size_t extra_len,
+                    const void *msg, size_t len, uint8_t *mac)
+{
+    tb_hmac_t h;
+    tb_hmac_init(&h, r->key, sizeof(r->key));
+    tb_hmac_update(&h, label, strlen(label) + 1);
+    tb_hmac_update(&h, r->nonce_r, sizeof(r->nonce_r));
+    tb_hmac_update(&h, r->nonce_s, sizeof(r->nonce_s));
+    tb_hmac_update(&h, extra, extra_len);
+    tb_hmac_update(&h, msg, len);
+    tb_hmac_final(&h, mac);
+}
+
+/* Connect to s, send HELLO, read the CHALLENGE into r.  0, or -1. */
+static int raw_hello(side_t *s, raw_t *r)
+{
+    tb_wire_cm_nonce_msg_t m;
+
+    memset(r, 0, sizeof(*r));
+    r->fd = raw_connect(tb_cm_port(s->cm));
+    memset(&m, 0, sizeof(m));
+    raw_hdr(&m.hdr, TB_CM_MSG_HELLO);
+    for (unsigned i = 0; i < sizeof(m.nonce); i++) {
+        m.nonce[i] = r->nonce_r[i] = (uint8_t) (rand() & 0xff);
+    }
+    ck_assert_int_eq(send(r->fd, &m, sizeof(m), 0), (ssize_t) sizeof(m));
+    if (raw_read(s, r->fd, &m, sizeof(m), 2000) != (ssize_t) sizeof(m)) {
+        return -1;
+    }
+    ck_assert_int_eq(m.hdr.type, TB_CM_MSG_CHALLENGE);
+    memcpy(r->nonce_s, m.nonce, sizeof(r->nonce_s));
+    return 0;
+}
+
+/* Build a REQUEST from identity id to target with blob epoch, keyed as if id
+ * had the secret claimed_secret (NULL: id's real one). */
+static void raw_build(raw_t *r, const char *id, const char *target, uint64_t epoch,
+                      const uint8_t *claimed_secret)
+{
+    uint8_t sa[TB_WIRE_SECRET_SIZE], sb[TB_WIRE_SECRET_SIZE];
+
+    secret_of(id, strlen(id), sa);
+    secret_of(target, strlen(target), sb);
+    tb_cm_pair_key(id, strlen(id), claimed_secret ? claimed_secret : sa, target, strlen(target),
+                   sb, r->key);
+    memset(&r->req, 0, sizeof(r->req));
+    raw_hdr(&r->req.hdr, TB_CM_MSG_REQUEST);
+    r->req.id_len = (uint8_t) strlen(id);
+    r->req.peer_id_len = (uint8_t) strlen(target);
+    memcpy(r->req.id, id, strlen(id));
+    memcpy(r->req.peer_id, target, strlen(target));
+    blob(&r->req.addr, epoch);
+    raw_mac(r, "TBCM request", NULL, 0, &r->req, offsetof(tb_wire_cm_request_t, mac),
+            r->req.mac);
+}
+
+/* Send r->req (already built) and read the REPLY: its status, or -1 if the
+ * socket closed first.  A reply must carry a mac that proves the target. */
+static int raw_send_request(side_t *s, raw_t *r)
+{
+    tb_wire_cm_reply_t rep;
+    uint8_t mac[TB_WIRE_CM_MAC];
+
+    ck_assert_int_eq(send(r->fd, &r->req, sizeof(r->req), 0), (ssize_t) sizeof(r->req));
+    if (raw_read(s, r->fd, &rep, sizeof(rep), 2000) != (ssize_t) sizeof(rep)) {
+        return -1;
+    }
+    raw_mac(r, "TBCM reply", r->req.mac, sizeof(r->req.mac), &rep,
+            offsetof(tb_wire_cm_reply_t, mac), mac);
+    ck_assert_int_eq(memcmp(mac, rep.mac, sizeof(mac)), 0);
+    return rep.status;
+}
+
+/* The whole exchange as identity id: the reply's status or -1. */
+static int raw_exchange(side_t *s, const char *id, uint64_t epoch, const uint8_t *claimed_secret)
+{
+    raw_t r;
+    int st;
+
+    if (raw_hello(s, &r) != 0) {
+        close(r.fd);
+        return -1;
+    }
+    raw_build(&r, id, s->id, epoch, claimed_secret);
+    st = raw_send_request(s, &r);
+    close(r.fd);
+    return st;
 }
 
 START_TEST(test_exchange)
@@ -201,8 +346,6 @@ START_TEST(test_collision_leftover)
 {
     side_t a, b;
     tb_wire_addr_t la;
-    uint8_t msg[CM_MSG_SIZE];
-    int fd;
 
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-1", 0xb0, 2000);
@@ -212,17 +355,9 @@ START_TEST(test_collision_leftover)
                      TB_CM_OK);
     run(&a, &b, 1, 1, 3000);
     ck_assert_int_eq(a.done_status, TB_CM_OK);
-    raw_request(msg, "rank-1", 0xb0);
-    fd = raw_connect(tb_cm_port(a.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    ck_assert_int_eq(raw_reply(&a, fd), 2);
-    close(fd);
+    ck_assert_int_eq(raw_exchange(&a, "rank-1", 0xb0, NULL), TB_CM_R_COLLISION);
     ck_assert_uint_eq(a.accepts, 0);
-    raw_request(msg, "rank-1", 0xb2);
-    fd = raw_connect(tb_cm_port(a.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    ck_assert_int_eq(raw_reply(&a, fd), 0);
-    close(fd);
+    ck_assert_int_eq(raw_exchange(&a, "rank-1", 0xb2, NULL), TB_CM_R_ACCEPT);
     ck_assert_uint_eq(a.accepts, 1);
     tb_cm_destroy(a.cm);
     tb_cm_destroy(b.cm);
@@ -322,6 +457,8 @@ START_TEST(test_refused)
 }
 END_TEST
 
+/* The process at the address is not the one asked for (a stale address,
+ * another job): it cannot prove the identity, so it is refused, not trusted. */
 START_TEST(test_wrong_peer)
 {
     side_t a, b;
@@ -333,10 +470,58 @@ START_TEST(test_wrong_peer)
     ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
                                    now_ns()),
                      TB_CM_OK);
-    run(&a, &b, 1, 1, 3000);
-    ck_assert_int_eq(a.done_status, TB_CM_EWRONGPEER);
+    run(&a, &b, 1, 0, 3000);
+    ck_assert_uint_eq(a.dones, 1);
+    ck_assert_msg(a.done_status == TB_CM_ECLOSED, "status %d: %s", a.done_status, a.why);
+    ck_assert_uint_eq(b.accepts, 0);
+    ck_assert_uint_ge(tb_cm_counters(b.cm)->refused_unauth, 1);
     tb_cm_destroy(a.cm);
     tb_cm_destroy(b.cm);
+}
+END_TEST
+
+/* A responder that answers with a reply it cannot authenticate (it has not
+ * the key of the identity asked for) is not believed. */
+START_TEST(test_impostor_responder)
+{
+    side_t a;
+    tb_wire_addr_t la;
+    struct sockaddr_in sin;
+    socklen_t slen = sizeof(sin);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), fd;
+    tb_wire_cm_nonce_msg_t m;
+    tb_wire_cm_request_t req;
+    tb_wire_cm_reply_t rep;
+
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *) &sin, sizeof(sin)), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    ck_assert_int_eq(getsockname(lfd, (struct sockaddr *) &sin, &slen), 0);
+    side_init(&a, "rank-0", 0xa0, 2000);
+    blob(&la, 0xa1);
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", ntohs(sin.sin_port), "rank-1", 6, &la, &a,
+                                   now_ns()),
+                     TB_CM_OK);
+    spin(&a, 20);
+    fd = accept(lfd, NULL, NULL);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(raw_read(&a, fd, &m, sizeof(m), 2000), (ssize_t) sizeof(m));
+    raw_hdr(&m.hdr, TB_CM_MSG_CHALLENGE);
+    ck_assert_int_eq(send(fd, &m, sizeof(m), 0), (ssize_t) sizeof(m));
+    ck_assert_int_eq(raw_read(&a, fd, &req, sizeof(req), 2000), (ssize_t) sizeof(req));
+    memset(&rep, 0, sizeof(rep));
+    raw_hdr(&rep.hdr, TB_CM_MSG_REPLY);
+    blob(&rep.addr, 0x66);
+    memset(rep.mac, 0x42, sizeof(rep.mac));
+    ck_assert_int_eq(send(fd, &rep, sizeof(rep), 0), (ssize_t) sizeof(rep));
+    run(&a, NULL, 1, 0, 2000);
+    ck_assert_uint_eq(a.dones, 1);
+    ck_assert_int_eq(a.done_status, TB_CM_EWRONGPEER);
+    close(fd);
+    close(lfd);
+    tb_cm_destroy(a.cm);
 }
 END_TEST
 
@@ -393,80 +578,91 @@ START_TEST(test_silent_peer_times_out)
 }
 END_TEST
 
-/* Garbage of every kind is refused (R_BAD or closed) and never reaches the
- * owner; a valid request afterwards still works. */
+/* Garbage of every kind is refused (the socket closed, nothing said) and
+ * never reaches the owner; a valid request afterwards still works. */
 START_TEST(test_malformed)
 {
     side_t b;
-    uint8_t msg[CM_MSG_SIZE];
-    int fd, st;
+    uint8_t junk[240], buf[64];
+    raw_t r;
+    int fd;
 
-    side_init(&b, "rank-1", 0xb0, 500);
+    logged[0] = 0;
+    side_init_full(&b, "rank-1", 0xb0, 2000, 300);
 
-    /* random bytes */
-    for (size_t i = 0; i < sizeof(msg); i++) {
-        msg[i] = (uint8_t) (i * 37 + 11);
+    /* a version-1 request (the format before authentication) */
+    memset(junk, 0, sizeof(junk));
+    junk[0] = 'T', junk[1] = 'B', junk[2] = 'C', junk[3] = 'M', junk[4] = 1, junk[5] = 1;
+    junk[7] = 6;
+    memcpy(junk + 8, "rank-0", 6);
+    fd = raw_connect(tb_cm_port(b.cm));
+    ck_assert_int_eq(send(fd, junk, 136, 0), 136);
+    ck_assert_int_eq(raw_read(&b, fd, buf, sizeof(buf), 2000), -1);
+    close(fd);
+    ck_assert_ptr_nonnull(strstr(logged, "another tbrdma version"));
+    ck_assert_ptr_nonnull(strstr(logged, "refused an unauthenticated connection request from "
+                                         "127.0.0.1"));
+
+    /* bytes that are no HELLO */
+    for (size_t i = 0; i < sizeof(junk); i++) {
+        junk[i] = (uint8_t) (i * 37 + 11);
     }
     fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    st = raw_reply(&b, fd);
-    ck_assert_int_eq(st, 3);
+    ck_assert_int_eq(send(fd, junk, sizeof(junk), 0), (ssize_t) sizeof(junk));
+    ck_assert_int_eq(raw_read(&b, fd, buf, sizeof(buf), 2000), -1);
     close(fd);
 
     /* identity length beyond the limit */
-    raw_request(msg, "rank-9", 0x91);
-    msg[7] = 200;
-    fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    ck_assert_int_eq(raw_reply(&b, fd), 3);
-    close(fd);
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    raw_build(&r, "rank-9", "rank-1", 0x91, NULL);
+    r.req.id_len = 200;
+    ck_assert_int_eq(raw_send_request(&b, &r), -1);
+    close(r.fd);
 
-    /* corrupt address blob (CRC) */
-    raw_request(msg, "rank-9", 0x91);
-    msg[8 + TB_CM_ID_MAX + 20] ^= 1;
-    fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    ck_assert_int_eq(raw_reply(&b, fd), 3);
-    close(fd);
+    /* corrupt address blob (CRC), mac recomputed */
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    raw_build(&r, "rank-9", "rank-1", 0x91, NULL);
+    r.req.addr.gid[3] ^= 1;
+    raw_mac(&r, "TBCM request", NULL, 0, &r.req, offsetof(tb_wire_cm_request_t, mac), r.req.mac);
+    ck_assert_int_eq(raw_send_request(&b, &r), -1);
+    close(r.fd);
 
-    /* a reply where a request belongs */
-    raw_request(msg, "rank-9", 0x91);
-    msg[5] = 2;
-    fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, sizeof(msg), 0), (ssize_t) sizeof(msg));
-    ck_assert_int_eq(raw_reply(&b, fd), 3);
-    close(fd);
+    /* a HELLO where the request belongs */
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    raw_build(&r, "rank-9", "rank-1", 0x91, NULL);
+    r.req.hdr.type = TB_CM_MSG_HELLO;
+    ck_assert_int_eq(raw_send_request(&b, &r), -1);
+    close(r.fd);
 
     /* half a request, then the requester vanishes */
-    raw_request(msg, "rank-9", 0x91);
-    fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, 50, 0), 50);
-    for (int i = 0; i < 20; i++) {
-        tb_cm_progress(b.cm, now_ns());
-        usleep(1000);
-    }
-    close(fd);
-    /* half a request and silence: the session times out */
-    fd = raw_connect(tb_cm_port(b.cm));
-    ck_assert_int_eq(send(fd, msg, 50, 0), 50);
-    ck_assert_int_eq(raw_reply(&b, fd), -1);
-    close(fd);
-    for (int i = 0; i < 20; i++) {
-        tb_cm_progress(b.cm, now_ns());
-        usleep(1000);
-    }
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    raw_build(&r, "rank-9", "rank-1", 0x91, NULL);
+    ck_assert_int_eq(send(r.fd, &r.req, 50, 0), 50);
+    spin(&b, 20);
+    close(r.fd);
+    /* half a request and silence: dropped at the handshake deadline */
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    ck_assert_int_eq(send(r.fd, &r.req, 50, 0), 50);
+    ck_assert_int_eq(raw_read(&b, r.fd, buf, sizeof(buf), 2000), -1);
+    close(r.fd);
+    spin(&b, 20);
     ck_assert_uint_eq(b.accepts, 0);
     ck_assert_uint_eq(b.dones, 0);
+    ck_assert_uint_ge(tb_cm_counters(b.cm)->refused_unauth, 6);
 
     /* a valid request, one byte at a time */
-    raw_request(msg, "rank-9", 0x91);
-    fd = raw_connect(tb_cm_port(b.cm));
-    for (size_t i = 0; i < sizeof(msg); i++) {
-        ck_assert_int_eq(send(fd, msg + i, 1, 0), 1);
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    raw_build(&r, "rank-9", "rank-1", 0x91, NULL);
+    for (size_t i = 0; i < sizeof(r.req); i++) {
+        ck_assert_int_eq(send(r.fd, (uint8_t *) &r.req + i, 1, 0), 1);
         tb_cm_progress(b.cm, now_ns());
     }
-    ck_assert_int_eq(raw_reply(&b, fd), 0);
-    close(fd);
+    {
+        tb_wire_cm_reply_t rep;
+        ck_assert_int_eq(raw_read(&b, r.fd, &rep, sizeof(rep), 2000), (ssize_t) sizeof(rep));
+        ck_assert_int_eq(rep.status, TB_CM_R_ACCEPT);
+    }
+    close(r.fd);
     ck_assert_uint_eq(b.accepts, 1);
     ck_assert_uint_eq(tb_wire_le64(b.accept_peer.epoch), 0x91);
     for (int i = 0; i < 20 && b.dones == 0; i++) {
@@ -475,6 +671,98 @@ START_TEST(test_malformed)
     }
     ck_assert_uint_eq(b.dones, 1);
     ck_assert_int_eq(b.done_status, TB_CM_OK);
+    tb_cm_destroy(b.cm);
+}
+END_TEST
+
+/* Regression (hijack): a caller that claims a rank of the job without its
+ * secret is refused and logged, the listener's identity is not revealed to
+ * it, and the real rank still connects afterwards. */
+START_TEST(test_forged_identity)
+{
+    side_t a, b;
+    tb_wire_addr_t la;
+    uint8_t wrong[TB_WIRE_SECRET_SIZE];
+    raw_t r;
+
+    logged[0] = 0;
+    side_init(&a, "rank-0", 0xa0, 2000);
+    side_init(&b, "rank-1", 0xb0, 2000);
+    memset(wrong, 0x77, sizeof(wrong));
+    /* The challenge is all a stranger learns: a header and a nonce. */
+    ck_assert_int_eq(raw_hello(&b, &r), 0);
+    close(r.fd);
+    ck_assert_int_eq(raw_exchange(&b, "rank-0", 0x66, wrong), -1);
+    ck_assert_int_eq(raw_exchange(&b, "stranger-5", 0x67, NULL), -1);
+    ck_assert_uint_eq(b.accepts, 0);
+    ck_assert_uint_eq(tb_cm_counters(b.cm)->refused_unauth, 2);
+    ck_assert_ptr_nonnull(strstr(logged, "refused an unauthenticated connection request"));
+    blob(&la, 0xa1);
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
+                                   now_ns()),
+                     TB_CM_OK);
+    run(&a, &b, 1, 1, 3000);
+    ck_assert_int_eq(a.done_status, TB_CM_OK);
+    ck_assert_int_eq(memcmp(&b.done_peer, &la, sizeof(la)), 0);
+    ck_assert_uint_eq(b.accepts, 1);
+    tb_cm_destroy(a.cm);
+    tb_cm_destroy(b.cm);
+}
+END_TEST
+
+/* A recorded request is worthless on another connection: the responder's
+ * nonce differs, so its mac no longer proves anything. */
+START_TEST(test_replay)
+{
+    side_t b;
+    raw_t r1, r2;
+
+    side_init(&b, "rank-1", 0xb0, 2000);
+    ck_assert_int_eq(raw_hello(&b, &r1), 0);
+    raw_build(&r1, "rank-0", "rank-1", 0x91, NULL);
+    ck_assert_int_eq(raw_send_request(&b, &r1), TB_CM_R_ACCEPT);
+    close(r1.fd);
+    ck_assert_int_eq(raw_hello(&b, &r2), 0);
+    r2.req = r1.req;
+    ck_assert_int_eq(send(r2.fd, &r2.req, sizeof(r2.req), 0), (ssize_t) sizeof(r2.req));
+    {
+        uint8_t buf[16];
+        ck_assert_int_eq(raw_read(&b, r2.fd, buf, sizeof(buf), 2000), -1);
+    }
+    close(r2.fd);
+    ck_assert_uint_eq(b.accepts, 1);
+    ck_assert_uint_eq(tb_cm_counters(b.cm)->refused_unauth, 1);
+    tb_cm_destroy(b.cm);
+}
+END_TEST
+
+/* Regression (starvation): idle callers filling every session slot used to
+ * hold them until their deadline while real peers were closed unanswered.
+ * Now the oldest unproven callers make way, and the real peer connects. */
+START_TEST(test_idle_flood)
+{
+    side_t a, b;
+    tb_wire_addr_t la;
+    int fds[40];
+
+    side_init(&a, "rank-0", 0xa0, 2000);
+    side_init(&b, "rank-1", 0xb0, 2000);
+    for (unsigned i = 0; i < 40; i++) {
+        fds[i] = raw_connect(tb_cm_port(b.cm));
+        spin(&b, 1);
+    }
+    blob(&la, 0xa1);
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
+                                   now_ns()),
+                     TB_CM_OK);
+    run(&a, &b, 1, 1, 3000);
+    ck_assert_msg(a.done_status == TB_CM_OK, "status %d: %s", a.done_status, a.why);
+    ck_assert_uint_eq(b.accepts, 1);
+    ck_assert_uint_ge(tb_cm_counters(b.cm)->evicted, 1);
+    for (unsigned i = 0; i < 40; i++) {
+        close(fds[i]);
+    }
+    tb_cm_destroy(a.cm);
     tb_cm_destroy(b.cm);
 }
 END_TEST
@@ -519,6 +807,9 @@ START_TEST(test_bad_arguments)
                      TB_CM_EINVAL);
     ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", 1234, "x", 65, &la, &a, now_ns()),
                      TB_CM_EINVAL);
+    /* an identity the job does not know: nothing is dialed */
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", 1234, "stranger-1", 10, &la, &a, now_ns()),
+                     TB_CM_EINVAL);
     tb_cm_destroy(a.cm);
 }
 END_TEST
@@ -540,6 +831,10 @@ static Suite *cm_suite(void)
     tcase_add_test(tc, test_unreachable);
     tcase_add_test(tc, test_silent_peer_times_out);
     tcase_add_test(tc, test_malformed);
+    tcase_add_test(tc, test_impostor_responder);
+    tcase_add_test(tc, test_forged_identity);
+    tcase_add_test(tc, test_replay);
+    tcase_add_test(tc, test_idle_flood);
     tcase_add_test(tc, test_cancel_and_destroy);
     tcase_add_test(tc, test_bad_arguments);
     suite_add_tcase(s, tc);
@@ -551,7 +846,7 @@ int main(void)
     SRunner *sr = srunner_create(cm_suite());
     int failed;
 
-    tb_log_set_sink(NULL, NULL, TB_LOG_ERROR);
+    tb_log_set_sink(log_capture, NULL, TB_LOG_WARN);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -158,6 +158,112 @@ START_TEST(keys_differ_across_tables)
 }
 END_TEST
 
+/* splitmix64's finalizer and its inverse: the old key generator was this
+ * mix of a counter, so one key gave away the generator's state. */
+static uint64_t unmix(uint64_t z)
+{
+    z ^= z >> 31 ^ z >> 62;
+    z *= 0x319642b2d24d8ec3ull;
+    z ^= z >> 27 ^ z >> 54;
+    z *= 0x96de1b173f119089ull;
+    z ^= z >> 30 ^ z >> 60;
+    return z;
+}
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Regression: a peer that saw one key could compute every other key of the
+ * process (invert the mix, step the counter).  Keys now come from a keyed
+ * PRF: neither the next nor the previous key follows from one seen. */
+START_TEST(keys_are_not_predictable)
+{
+    static char buf[64];
+    uint64_t keys[4], state;
+
+    ck_assert_uint_eq(unmix(mix(0x0123456789abcdefull)), 0x0123456789abcdefull);
+    for (unsigned i = 0; i < 4; i++) {
+        ck_assert_int_eq(tb_rma_register(&t, buf + i, 8, TB_RMA_ACCESS_READ, &keys[i]), 0);
+    }
+    state = unmix(keys[1]);
+    ck_assert_uint_ne(mix(state + 0x9e3779b97f4a7c15ull), keys[2]);
+    ck_assert_uint_ne(mix(state - 0x9e3779b97f4a7c15ull), keys[0]);
+    for (unsigned i = 0; i < 4; i++) {
+        for (unsigned j = i + 1; j < 4; j++) {
+            ck_assert_uint_ne(keys[i], keys[j]);
+        }
+    }
+}
+END_TEST
+
+static void hdr(unsigned char *m, uint8_t status, uint64_t len)
+{
+    tb_wire_rma_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.version = TB_WIRE_RMA_VERSION;
+    h.status = status;
+    h.req_id = tb_wire_le64(7);
+    h.key = tb_wire_le64(0x1234);
+    h.addr = tb_wire_le64(0x1000);
+    h.len = tb_wire_le64(len);
+    memcpy(m, &h, sizeof(h));
+}
+
+/* Every message from a peer is checked whole before any field is used. */
+START_TEST(parse_checks_every_field)
+{
+    unsigned char m[TB_WIRE_RMA_HDR_SIZE + 16];
+    tb_rma_msg_t r;
+
+    hdr(m, 0, 16);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT, m, sizeof(m), 1024, &r), TB_RMA_OK);
+    ck_assert_uint_eq(r.req_id, 7);
+    ck_assert_uint_eq(r.key, 0x1234);
+    ck_assert_uint_eq(r.len, 16);
+    ck_assert_uint_eq(r.payload_len, 16);
+    ck_assert_ptr_eq(r.payload, m + TB_WIRE_RMA_HDR_SIZE);
+    /* payload shorter or longer than len */
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT, m, sizeof(m) - 1, 1024, &r), TB_RMA_EPROTO);
+    hdr(m, 0, 15);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT, m, sizeof(m), 1024, &r), TB_RMA_EPROTO);
+    /* len above what this side serves */
+    hdr(m, 0, 16);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT, m, sizeof(m), 8, &r), TB_RMA_EPROTO);
+    /* a get request carries no data; a refused get response neither */
+    hdr(m, 0, 16);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_REQ, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_OK);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_REQ, m, sizeof(m), 1024, &r), TB_RMA_EPROTO);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_RESP, m, sizeof(m), 1024, &r), TB_RMA_OK);
+    hdr(m, TB_RMA_ERANGE, 16);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_RESP, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_OK);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_RESP, m, sizeof(m), 1024, &r), TB_RMA_EPROTO);
+    /* a request with a status, an unknown status, version, reserved bits, tag */
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_GET_REQ, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, 9, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, 0, 0);
+    m[0] = 2;
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, 0, 0);
+    m[2] = 1;
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, 0, 0);
+    ck_assert_int_eq(tb_rma_parse(0x05, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r), TB_RMA_EPROTO);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE - 1, 1024, &r),
+                     TB_RMA_EPROTO);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("rma");
@@ -172,6 +278,8 @@ int main(void)
     tcase_add_test(tc, bad_registrations);
     tcase_add_test(tc, churn_matches_reference);
     tcase_add_test(tc, keys_differ_across_tables);
+    tcase_add_test(tc, keys_are_not_predictable);
+    tcase_add_test(tc, parse_checks_every_field);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
