@@ -6,12 +6,15 @@ set -euo pipefail
 TB_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TB_BUILD=${TBRDMA_BUILD_DIR:-$TB_TOP/build/host}
 
-# What the build, the tests and the virtual cluster need from Debian.
+# What the build, the tests and the virtual cluster need from Debian (clang,
+# its sanitizer and libFuzzer runtimes and llvm-symbolizer: the sanitized
+# unit tests and the fuzz targets).
 TB_DEBIAN_PACKAGES=(
     build-essential autoconf automake libtool pkg-config
     libopenmpi-dev openmpi-bin libibverbs-dev check libhwloc-dev
     qemu-system-x86 qemu-utils debootstrap e2fsprogs iproute2 util-linux
     ca-certificates file python3
+    clang libclang-rt-14-dev llvm
 )
 
 tb_log() {
@@ -42,12 +45,19 @@ tb_install_deps() {
 
 # Configure (once) and build this checkout out of tree in $TB_BUILD.
 tb_build() {
+    tb_build_in "$TB_BUILD" "$@"
+}
+
+# The same in another build directory: tb_build_in DIR [CONFIGURE-ARGUMENTS].
+tb_build_in() {
+    local dir=$1
+    shift
     if [ ! -x "$TB_TOP/configure" ] || [ "$TB_TOP/configure.ac" -nt "$TB_TOP/configure" ]; then
         (cd "$TB_TOP" && ./autogen.sh)
     fi
-    mkdir -p "$TB_BUILD"
-    if [ ! -f "$TB_BUILD/Makefile" ]; then
-        (cd "$TB_BUILD" && "$TB_TOP/configure" "$@")
+    mkdir -p "$dir"
+    if [ ! -f "$dir/Makefile" ]; then
+        (cd "$dir" && "$TB_TOP/configure" "$@")
     fi
-    make -C "$TB_BUILD" -j"$(nproc)"
+    make -C "$dir" -j"$(nproc)"
 }
