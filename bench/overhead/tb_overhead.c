@@ -1,0 +1,448 @@
+/*
+ * tbrdma's own software cost per message, measured natively: the reliable
+ * channel over an in-memory link on this host, with no soft-RoCE, kernel or
+ * emulator in the way.  It is the closest measure here of what a Mac pays
+ * per message on top of Apple's verbs.
+ *
+ * The link behaves like a UC queue pair: a send lands in the oldest receive
+ * the peer posted on that lane (copied, as the hardware would), or is lost
+ * if none is posted; each post completes at once.  Reported:
+ *  - floor: CPU time of one post, one poll and the frame's copy on this link
+ *    alone (what any transport pays here);
+ *  - ns of CPU per small message one way (sender and receiver together),
+ *    link included, and the channel's share above the floor;
+ *  - frames per message in an 8 B ping-pong;
+ *  - ack frames per MiB and wire bytes per payload byte, streaming;
+ *  - the channel's copies per payload byte (sender and receiver).
+ *
+ *   tb_overhead [--msgs N] [--stream-mib M] [--size BYTES]
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tb_channel.h"
+#include "tb_log.h"
+#include "tb_random.h"
+
+#define RING 256
+#define MAX_SLOTS 64
+
+typedef struct comp {
+    int recv; /* 1: a frame landed; 0: a send completed */
+    unsigned lane;
+    void *buf;
+    size_t len;
+    void *cookie;
+} comp_t;
+
+typedef struct pool {
+    unsigned char *mem;
+    uint32_t size;
+    void *free[MAX_SLOTS];
+    unsigned nfree, count;
+} pool_t;
+
+typedef struct side side_t;
+
+typedef struct mlink {
+    tb_link_t link; /* first: the channel sees this */
+    side_t *side;
+} mlink_t;
+
+struct side {
+    mlink_t ml;
+    side_t *peer;
+    tb_channel_t *ch;
+    pool_t send[TB_WIRE_MAX_LANES], recv[TB_WIRE_MAX_LANES];
+    void *posted[TB_WIRE_MAX_LANES][RING]; /* receives, oldest first */
+    unsigned post_head[TB_WIRE_MAX_LANES], post_tail[TB_WIRE_MAX_LANES];
+    comp_t cq[RING * 4];
+    unsigned cq_head, cq_tail;
+    /* accounting */
+    uint64_t frames, wire_bytes, lost;
+    uint64_t delivered, delivered_bytes, in_slot_bytes;
+    unsigned outstanding; /* sends not completed */
+};
+
+static void pool_init(pool_t *p, uint32_t size, unsigned count)
+{
+    p->mem = aligned_alloc(4096, (size_t) size * count);
+    p->size = size;
+    p->count = p->nfree = count;
+    for (unsigned i = 0; i < count; i++) {
+        p->free[i] = p->mem + (size_t) i * size;
+    }
+}
+
+static int in_pool(const pool_t *p, const void *ptr)
+{
+    const unsigned char *c = ptr;
+    return c >= p->mem && c < p->mem + (size_t) p->size * p->count;
+}
+
+static side_t *side_of(tb_link_t *l)
+{
+    return ((mlink_t *) l)->side;
+}
+
+static void op_local_addr(tb_link_t *l, tb_wire_addr_t *a)
+{
+    (void) l;
+    memset(a->gid, 0, sizeof(a->gid));
+    a->mtu = tb_wire_le16(4096);
+}
+
+static int op_connect(tb_link_t *l, const tb_wire_addr_t *peer)
+{
+    (void) l;
+    (void) peer;
+    return 0;
+}
+
+static void *op_send_get(tb_link_t *l, unsigned lane)
+{
+    pool_t *p = &side_of(l)->send[lane];
+    return p->nfree ? p->free[--p->nfree] : NULL;
+}
+
+static void op_send_put(tb_link_t *l, unsigned lane, void *buf)
+{
+    pool_t *p = &side_of(l)->send[lane];
+    if (buf && in_pool(p, buf) && p->nfree < p->count) {
+        p->free[p->nfree++] = buf;
+    }
+}
+
+static void *op_recv_get(tb_link_t *l, unsigned lane)
+{
+    pool_t *p = &side_of(l)->recv[lane];
+    return p->nfree ? p->free[--p->nfree] : NULL;
+}
+
+static void op_recv_put(tb_link_t *l, unsigned lane, void *buf)
+{
+    pool_t *p = &side_of(l)->recv[lane];
+    if (buf && in_pool(p, buf) && p->nfree < p->count) {
+        p->free[p->nfree++] = buf;
+    }
+}
+
+static void cq_push(side_t *s, comp_t c)
+{
+    s->cq[s->cq_tail++ % (RING * 4)] = c;
+}
+
+static int op_post_send(tb_link_t *l, unsigned lane, void *buf, size_t len, void *cookie)
+{
+    side_t *s = side_of(l), *d = s->peer;
+
+    s->frames++;
+    s->wire_bytes += len;
+    if (d->post_head[lane] != d->post_tail[lane]) {
+        void *rbuf = d->posted[lane][d->post_head[lane]++ % RING];
+        memcpy(rbuf, buf, len);
+        cq_push(d, (comp_t){.recv = 1, .lane = lane, .buf = rbuf, .len = len});
+    } else {
+        s->lost++;
+    }
+    cq_push(s, (comp_t){.recv = 0, .lane = lane, .cookie = cookie});
+    return 0;
+}
+
+static int op_post_recv(tb_link_t *l, unsigned lane, void *buf)
+{
+    side_t *s = side_of(l);
+    s->posted[lane][s->post_tail[lane]++ % RING] = buf;
+    return 0;
+}
+
+static const tb_link_ops_t ops = {
+    .local_addr = op_local_addr,
+    .connect = op_connect,
+    .send_buf_get = op_send_get,
+    .send_buf_put = op_send_put,
+    .recv_buf_get = op_recv_get,
+    .recv_buf_put = op_recv_put,
+    .post_send = op_post_send,
+    .post_recv = op_post_recv,
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+/* Report s's completions to its channel, then progress it. */
+static unsigned poll_side(side_t *s, uint64_t now)
+{
+    unsigned n = 0;
+
+    if (s->cq_head != s->cq_tail) {
+        tb_channel_clock(s->ch, now);
+    }
+    while (s->cq_head != s->cq_tail) {
+        comp_t c = s->cq[s->cq_head++ % (RING * 4)];
+        if (c.recv) {
+            tb_channel_recv_done(s->ch, c.lane, c.buf, c.len, 0);
+        } else {
+            tb_channel_send_done(s->ch, c.cookie, 0);
+        }
+        n++;
+    }
+    tb_channel_progress(s->ch, now);
+    return n;
+}
+
+static void on_recv(void *ctx, uint8_t tag, const void *data, size_t len)
+{
+    side_t *s = ctx;
+    (void) tag;
+    s->delivered++;
+    s->delivered_bytes += len;
+    for (unsigned l = 0; l < TB_WIRE_MAX_LANES; l++) {
+        if (s->recv[l].mem && in_pool(&s->recv[l], data)) {
+            s->in_slot_bytes += len;
+        }
+    }
+}
+
+static void on_send_done(void *ctx, void *cookie, int status)
+{
+    side_t *s = ctx;
+    (void) cookie;
+    if (status != 0) {
+        fprintf(stderr, "tb_overhead: a send failed: %s\n", tb_channel_strerror(status));
+        exit(1);
+    }
+    s->outstanding--;
+}
+
+static void on_error(void *ctx, int status, const char *why)
+{
+    (void) ctx;
+    fprintf(stderr, "tb_overhead: channel failed (%s): %s\n", tb_channel_strerror(status), why);
+    exit(1);
+}
+
+typedef struct pair {
+    side_t s[2];
+} pair_t;
+
+static void pair_open(pair_t *p)
+{
+    tb_channel_params_t prm;
+    tb_channel_callbacks_t cb = {
+        .recv = on_recv, .send_done = on_send_done, .error = on_error};
+    tb_wire_addr_t addr[2];
+
+    memset(p, 0, sizeof(*p));
+    tb_channel_params_default(&prm);
+    prm.payload_crc = 0; /* the BTL's default: header checksum only */
+    for (int i = 0; i < 2; i++) {
+        side_t *s = &p->s[i];
+        s->peer = &p->s[1 - i];
+        s->ml.link.ops = &ops;
+        s->ml.side = s;
+        for (unsigned l = 0; l < prm.nlanes; l++) {
+            pool_init(&s->send[l], prm.frame_size[l], MAX_SLOTS);
+            pool_init(&s->recv[l], prm.frame_size[l], MAX_SLOTS);
+        }
+        prm.epoch = tb_random64();
+        for (unsigned l = 0; l < prm.nlanes; l++) {
+            prm.initial_seq[l] = (uint32_t) tb_random64();
+        }
+        cb.ctx = s;
+        if (tb_channel_create(&prm, &s->ml.link, &cb, &s->ch) != 0) {
+            fprintf(stderr, "tb_overhead: tb_channel_create failed\n");
+            exit(1);
+        }
+        tb_channel_local_addr(s->ch, &addr[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (tb_channel_connect(p->s[i].ch, &addr[1 - i], now_ns()) != 0) {
+            fprintf(stderr, "tb_overhead: tb_channel_connect failed\n");
+            exit(1);
+        }
+    }
+    while (!tb_channel_is_connected(p->s[0].ch) || !tb_channel_is_connected(p->s[1].ch)) {
+        uint64_t t = now_ns();
+        poll_side(&p->s[0], t);
+        poll_side(&p->s[1], t);
+    }
+}
+
+static void pair_close(pair_t *p)
+{
+    while (p->s[0].outstanding || p->s[1].outstanding) {
+        uint64_t t = now_ns();
+        poll_side(&p->s[0], t);
+        poll_side(&p->s[1], t);
+    }
+    for (int i = 0; i < 2; i++) {
+        tb_channel_destroy(p->s[i].ch);
+        for (unsigned l = 0; l < TB_WIRE_MAX_LANES; l++) {
+            free(p->s[i].send[l].mem);
+            free(p->s[i].recv[l].mem);
+        }
+    }
+}
+
+/* Drive both sides until side 1 has received want messages in all. */
+static void drive_until(pair_t *p, uint64_t want)
+{
+    while (p->s[1].delivered < want) {
+        uint64_t t = now_ns();
+        poll_side(&p->s[0], t);
+        poll_side(&p->s[1], t);
+    }
+}
+
+static uint64_t frames_sent(const pair_t *p)
+{
+    return tb_channel_counters(p->s[0].ch)->frames_sent
+           + tb_channel_counters(p->s[1].ch)->frames_sent;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t msgs = 200000, stream_mib = 256, size = 8;
+    static unsigned char payload[1 << 20];
+    pair_t p;
+
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--msgs")) {
+            msgs = strtoull(argv[i + 1], NULL, 10);
+        } else if (!strcmp(argv[i], "--stream-mib")) {
+            stream_mib = strtoull(argv[i + 1], NULL, 10);
+        } else if (!strcmp(argv[i], "--size")) {
+            size = strtoull(argv[i + 1], NULL, 10);
+        } else {
+            fprintf(stderr, "usage: tb_overhead [--msgs N] [--stream-mib M] [--size BYTES]\n");
+            return 2;
+        }
+    }
+    if (msgs == 0 || stream_mib == 0 || size > 4000) {
+        fprintf(stderr, "tb_overhead: --msgs and --stream-mib must be positive, --size at most "
+                        "4000\n");
+        return 2;
+    }
+    tb_log_set_sink(NULL, NULL, TB_LOG_ERROR);
+    memset(payload, 0x5a, sizeof(payload));
+
+    /* Floor: the link alone, a small frame posted, landed and both
+     * completions polled. */
+    {
+        side_t a, b;
+        unsigned char frame[128], rbuf[128];
+        uint64_t t0, n = msgs * 4;
+        volatile uint64_t sink = 0; /* keeps the polls from being optimized away */
+        memset(&a, 0, sizeof(a));
+        memset(&b, 0, sizeof(b));
+        a.peer = &b;
+        b.peer = &a;
+        a.ml.side = &a;
+        b.ml.side = &b;
+        a.ml.link.ops = &ops;
+        memset(frame, 1, sizeof(frame));
+        t0 = cpu_ns();
+        for (uint64_t i = 0; i < n; i++) {
+            op_post_recv(&b.ml.link, 0, rbuf);
+            op_post_send(&a.ml.link, 0, frame, TB_WIRE_HDR_SIZE + size, frame);
+            while (b.cq_head != b.cq_tail) {
+                sink += b.cq[b.cq_head++ % (RING * 4)].len;
+            }
+            while (a.cq_head != a.cq_tail) {
+                sink += (uintptr_t) a.cq[a.cq_head++ % (RING * 4)].cookie & 1;
+            }
+        }
+        printf("floor_ns_per_frame %.1f\n", (double) (cpu_ns() - t0) / (double) n);
+    }
+
+    /* One way: side 0 streams small messages, up to 32 in flight. */
+    {
+        uint64_t t0, sent = 0;
+        pair_open(&p);
+        t0 = cpu_ns();
+        while (p.s[1].delivered < msgs) {
+            uint64_t t = now_ns();
+            while (sent < msgs && p.s[0].outstanding < 32) {
+                if (tb_channel_send(p.s[0].ch, 0x10, payload, size, NULL) != 0) {
+                    break;
+                }
+                p.s[0].outstanding++;
+                sent++;
+            }
+            poll_side(&p.s[0], t);
+            poll_side(&p.s[1], t);
+        }
+        printf("oneway_ns_per_msg %.1f\n", (double) (cpu_ns() - t0) / (double) msgs);
+        printf("oneway_frames_per_msg %.3f\n",
+               (double) frames_sent(&p) / (double) msgs);
+        pair_close(&p);
+    }
+
+    /* Ping-pong: frames of both sides per message. */
+    {
+        uint64_t rounds = msgs / 4 ? msgs / 4 : 1;
+        pair_open(&p);
+        for (uint64_t i = 0; i < rounds; i++) {
+            uint64_t want0 = p.s[0].delivered + 1;
+            p.s[0].outstanding++;
+            tb_channel_send(p.s[0].ch, 0x10, payload, size, NULL);
+            drive_until(&p, i + 1);
+            p.s[1].outstanding++;
+            tb_channel_send(p.s[1].ch, 0x10, payload, size, NULL);
+            while (p.s[0].delivered < want0) {
+                uint64_t t = now_ns();
+                poll_side(&p.s[1], t);
+                poll_side(&p.s[0], t);
+            }
+        }
+        printf("pingpong_frames_per_msg %.3f\n",
+               (double) frames_sent(&p) / (double) (2 * rounds));
+        pair_close(&p);
+    }
+
+    /* Streaming 1 MiB messages: acks per MiB, wire bytes, copies. */
+    {
+        uint64_t sent = 0, wire0;
+        pair_open(&p);
+        wire0 = p.s[0].wire_bytes;
+        while (p.s[1].delivered < stream_mib) {
+            uint64_t t = now_ns();
+            while (sent < stream_mib && p.s[0].outstanding < 4) {
+                if (tb_channel_send(p.s[0].ch, 0x10, payload, sizeof(payload), NULL) != 0) {
+                    break;
+                }
+                p.s[0].outstanding++;
+                sent++;
+            }
+            poll_side(&p.s[0], t);
+            poll_side(&p.s[1], t);
+        }
+        printf("stream_ack_frames_per_mib %.2f\n",
+               (double) tb_channel_counters(p.s[1].ch)->ctrl_frames_sent / (double) stream_mib);
+        printf("stream_wire_bytes_per_payload_byte %.4f\n",
+               (double) (p.s[0].wire_bytes - wire0) / (double) (stream_mib << 20));
+        /* The sender always copies into send slots; the receiver copies
+         * unless the message is handed over in its receive slot. */
+        printf("stream_copies_per_byte %.2f\n",
+               1.0 + (double) (p.s[1].delivered_bytes - p.s[1].in_slot_bytes)
+                         / (double) p.s[1].delivered_bytes);
+        printf("stream_retransmits %" PRIu64 "\n", tb_channel_counters(p.s[0].ch)->retransmits);
+        pair_close(&p);
+    }
+    return 0;
+}
