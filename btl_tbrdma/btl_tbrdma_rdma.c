@@ -448,7 +448,9 @@ const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64
         return NULL;
     }
     req = (tbrdma_rma_req_t *) opal_list_get_first(&endpoint->rma_pending);
-    if (now - req->start_ns < limit) {
+    /* Signed: a get started from a callback inside this progress call is
+     * stamped later than now. */
+    if ((int64_t) (now - req->start_ns) < (int64_t) limit) {
         return NULL;
     }
     return "a put or get got no answer within btl_tbrdma_peer_timeout";
