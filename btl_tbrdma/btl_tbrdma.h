@@ -193,6 +193,12 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
 void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
                                 size_t len);
 void mca_btl_tbrdma_rma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, int status);
+/* recv_place/recv_placed of the channel: a get's answer written straight
+ * into the requester's buffer. */
+void *mca_btl_tbrdma_rma_place(mca_btl_base_endpoint_t *endpoint, uint8_t tag, size_t len,
+                               const void *head, size_t head_len, size_t *skip);
+void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *head,
+                               size_t skip, size_t len);
 /* The peer is gone: fail every put and get awaiting it. */
 void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int status);
 /* A put or get has waited longer than the peer timeout for its answer:

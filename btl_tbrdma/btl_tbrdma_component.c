@@ -162,9 +162,10 @@ static int tbrdma_component_register(void)
      * saves no copy, only the receiver's unexpected-message buffer; its extra
      * round trips made every size up to 64 KiB slower than eager on the
      * virtual cluster (4 KiB: 490 us against 210 us). */
-    m->btl_eager_limit = 64 * 1024 - 64;
+    /* One bulk frame's payload: a larger fragment took two 64 KiB frames. */
+    m->btl_eager_limit = 16 * TB_WIRE_HW_FRAME - TB_WIRE_HDR_SIZE;
     m->btl_rndv_eager_limit = m->btl_eager_limit;
-    m->btl_max_send_size = 64 * 1024 - 64;
+    m->btl_max_send_size = 16 * TB_WIRE_HW_FRAME - TB_WIRE_HDR_SIZE;
     m->btl_rdma_pipeline_send_length = 64 * 1024;
     m->btl_rdma_pipeline_frag_size = TBRDMA_RMA_LIMIT;
     m->btl_min_rdma_pipeline_size = 256 * 1024;

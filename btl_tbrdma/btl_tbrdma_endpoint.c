@@ -98,6 +98,17 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
     mca_btl_tbrdma_deliver(ctx, tag, data, len);
 }
 
+static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
+                             size_t head_len, size_t *skip)
+{
+    return mca_btl_tbrdma_rma_place(ctx, tag, len, head, head_len, skip);
+}
+
+static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len)
+{
+    mca_btl_tbrdma_rma_placed(ctx, tag, head, skip, len);
+}
+
 static void chan_send_done(void *ctx, void *cookie, int status)
 {
     mca_btl_tbrdma_send_done(ctx, cookie, status);
@@ -138,6 +149,8 @@ static int endpoint_make_conn(mca_btl_base_endpoint_t *ep)
     tb_channel_callbacks_t cb = {
         .ctx = ep,
         .recv = chan_recv,
+        .recv_place = chan_recv_place,
+        .recv_placed = chan_recv_placed,
         .send_done = chan_send_done,
         .error = chan_error,
     };

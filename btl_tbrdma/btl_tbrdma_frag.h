@@ -3,8 +3,8 @@
  *
  * A fragment owns a buffer from one of two free lists (eager-sized and
  * max-send-sized).  The channel copies it into registered frames as credit
- * allows and completes it once the peer has acknowledged every byte, so the
- * fragment stays the BTL's until then.
+ * allows and completes it once every byte is in a frame (it resends from
+ * there), so the fragment stays the BTL's until then.
  */
 #ifndef BTL_TBRDMA_FRAG_H
 #define BTL_TBRDMA_FRAG_H

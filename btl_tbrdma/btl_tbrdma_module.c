@@ -2,8 +2,8 @@
  * tbrdma BTL: one module per RDMA device (cable).
  *
  * The send path: ob1's descriptors are fragments (btl_tbrdma_frag.h) handed
- * to the endpoint's reliable channel, which completes them once the peer has
- * acknowledged every byte.  Received messages come back whole and in order
+ * to the endpoint's reliable channel, which completes them once their bytes
+ * are in its send slots (it resends from there until the peer acknowledges).  Received messages come back whole and in order
  * and go straight to ob1's callback from the channel's receive buffer.
  */
 #include "tb_config.h"
@@ -215,6 +215,38 @@ static int tbrdma_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_en
     return rc;
 }
 
+/* Pack ob1's header and data straight into a send slot and post it, when
+ * the channel can take the message at once: no descriptor, no copy through
+ * it, complete on return.  OPAL_ERR_OUT_OF_RESOURCE when it cannot. */
+static int sendi_direct(struct mca_btl_base_endpoint_t *endpoint,
+                        struct opal_convertor_t *convertor, void *header, size_t header_size,
+                        size_t payload_size, mca_btl_base_tag_t tag)
+{
+    tb_channel_t *ch = tb_conn_channel(endpoint->conn);
+    unsigned char *slot;
+    int rc = OPAL_ERR_OUT_OF_RESOURCE;
+
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    slot = tb_channel_send_begin(ch, tag, header_size + payload_size);
+    if (NULL != slot) {
+        memcpy(slot, header, header_size);
+        if (payload_size) {
+            uint32_t iov_count = 1;
+            struct iovec iov = {.iov_base = slot + header_size, .iov_len = payload_size};
+            size_t packed = payload_size;
+            if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
+                packed != payload_size) {
+                tb_channel_send_cancel(ch);
+                OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+                return OPAL_ERROR;
+            }
+        }
+        rc = TB_CHAN_OK == tb_channel_send_commit(ch) ? OPAL_SUCCESS : OPAL_ERR_UNREACH;
+    }
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    return rc;
+}
+
 static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
                         struct opal_convertor_t *convertor, void *header, size_t header_size,
                         size_t payload_size, uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
@@ -229,6 +261,12 @@ static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
     }
     if (total > btl->btl_eager_limit || TBRDMA_EP_FAILED == endpoint->state) {
         return TBRDMA_EP_FAILED == endpoint->state ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    if (TBRDMA_EP_CONNECTED == endpoint->state) {
+        rc = sendi_direct(endpoint, convertor, header, header_size, payload_size, tag);
+        if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
+            return rc;
+        }
     }
     frag = mca_btl_tbrdma_frag_alloc(endpoint, total);
     if (NULL == frag) {
@@ -321,6 +359,31 @@ void mca_btl_tbrdma_send_done(mca_btl_base_endpoint_t *endpoint, void *cookie, i
     }
 }
 
+/* A send completes once its data is in the channel's send slots, so frames
+ * may still await their ack (or a resend) when the job finalizes: keep them
+ * going for a moment, as long as a live peer may still need them. */
+static void drain(mca_btl_tbrdma_module_t *module)
+{
+    uint64_t now = mca_btl_tbrdma_now_ns(), end = now + 1000000000ull;
+    bool busy = true;
+
+    while (busy && now < end) {
+        mca_btl_base_endpoint_t *ep;
+        busy = false;
+        OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
+            if (ep->conn && TBRDMA_EP_FAILED != ep->state
+                && 0 == tb_channel_status(tb_conn_channel(ep->conn))
+                && 0 != tb_channel_unacked(tb_conn_channel(ep->conn))) {
+                busy = true;
+            }
+        }
+        if (busy) {
+            (void) mca_btl_tbrdma_module_progress(module, now);
+            now = mca_btl_tbrdma_now_ns();
+        }
+    }
+}
+
 static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
@@ -328,6 +391,7 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
     int i;
 
     OPAL_THREAD_LOCK(&c->lock);
+    drain(module);
     mca_btl_tbrdma_module_stop(module);
     for (i = 0; i < c->num_modules; ++i) {
         if (c->modules[i] == module) {

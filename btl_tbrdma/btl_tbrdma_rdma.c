@@ -27,6 +27,7 @@ typedef struct tbrdma_rma_req_t {
     uint8_t tag;
     int sent;    /* the channel finished sending the request */
     int replied; /* the reply came (status in reply_status) */
+    int placed;  /* a get whose answer the channel writes straight to local_address */
     int reply_status;
     uint64_t start_ns;
     void *local_address;
@@ -111,6 +112,7 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
      * sent and replied, completing at its first event and again at its last. */
     req->sent = 0;
     req->replied = 0;
+    req->placed = 0;
     req->reply_status = OPAL_SUCCESS;
     req->local_address = local_address;
     req->size = size;
@@ -382,7 +384,7 @@ static void serve(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, int 
 }
 
 /* A reply to the oldest request still waiting. */
-static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m)
+static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, bool placed)
 {
     tbrdma_rma_req_t *req = NULL;
     int status = m->status;
@@ -393,12 +395,13 @@ static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m)
         want = TB_TAG_RMA_PUT == req->tag ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP;
     }
     if (NULL == req || tb_wire_le64(req->hdr.req_id) != m->req_id || want != m->tag
-        || (TB_TAG_RMA_GET_RESP == m->tag && TB_RMA_OK == status && m->len != req->size)) {
+        || (TB_TAG_RMA_GET_RESP == m->tag && TB_RMA_OK == status && m->len != req->size)
+        || placed != (bool) req->placed) {
         mca_btl_tbrdma_endpoint_fail(endpoint, "the peer answered a put or get that was not "
                                                "asked (protocol violation)");
         return;
     }
-    if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == m->tag) {
+    if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == m->tag && !placed) {
         memcpy(req->local_address, m->payload, m->payload_len);
     }
     if (TB_RMA_OK != status) {
@@ -432,8 +435,47 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
     if (request) {
         serve(endpoint, &m, status);
     } else {
-        complete(endpoint, &m);
+        complete(endpoint, &m, false);
     }
+}
+
+/* A get's answer of more than one frame begins: its data can go straight to
+ * the requester's buffer (one copy fewer), once its header names a get this
+ * process is waiting for, of exactly that size. */
+void *mca_btl_tbrdma_rma_place(mca_btl_base_endpoint_t *endpoint, uint8_t tag, size_t len,
+                               const void *head, size_t head_len, size_t *skip)
+{
+    tbrdma_rma_req_t *req;
+    tb_rma_msg_t m;
+
+    if (TB_TAG_RMA_GET_RESP != tag
+        || TB_RMA_OK != tb_rma_parse_head(tag, head, head_len, len, TBRDMA_RMA_LIMIT, &m)
+        || TB_RMA_OK != m.status) {
+        return NULL;
+    }
+    OPAL_LIST_FOREACH (req, &endpoint->rma_pending, tbrdma_rma_req_t) {
+        if (tb_wire_le64(req->hdr.req_id) == m.req_id) {
+            if (TB_TAG_RMA_GET_REQ != req->tag || req->size != m.len || req->placed) {
+                return NULL; /* complete() will find out */
+            }
+            req->placed = 1;
+            *skip = sizeof(tb_wire_rma_hdr_t);
+            return req->local_address;
+        }
+    }
+    return NULL;
+}
+
+void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *head,
+                               size_t skip, size_t len)
+{
+    tb_rma_msg_t m;
+
+    if (TB_RMA_OK != tb_rma_parse_head(tag, head, skip, len, TBRDMA_RMA_LIMIT, &m)) {
+        mca_btl_tbrdma_endpoint_fail(endpoint, "a placed put/get answer does not parse");
+        return;
+    }
+    complete(endpoint, &m, true);
 }
 
 const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)

@@ -52,6 +52,7 @@
  * fills the gap needs one, and lane-0 data needs more than CTRL_RESERVE. */
 #define HOLD_SPARE (CTRL_RESERVE + 2)
 #define WARN_INTERVAL_NS 1000000000ull
+#define REQ_CACHE 64
 #define KA_RETRY_DIV 4   /* an unanswered keepalive is repeated after peer timeout / 4 */
 
 typedef enum {
@@ -70,7 +71,7 @@ typedef struct tb_send_req {
     uint32_t sent; /* bytes already fragmented */
     uint32_t frags_total;
     uint32_t frags_sent;
-    uint32_t frags_acked;
+    uint32_t frag_size; /* payload per frame: the message split evenly */
     uint8_t tag;
     int iovcnt;
     int iov_idx;
@@ -83,12 +84,14 @@ typedef struct tb_send_req {
 /* One posted or postable frame.  Data frames live in their lane's ring at
  * index seq % window and keep their slot until acked and locally complete:
  * a retransmission resends the same slot, so the caller's memory is read
- * only once. */
+ * only once (and a send completes once its last fragment is in a slot). */
 typedef struct tb_tx_frame {
     void *buf;
-    tb_send_req_t *req;
     struct tb_tx_frame *next_free;
     uint32_t len;
+    uint32_t msg_id;
+    uint32_t tsn;     /* of the latest transmission */
+    uint64_t first_ns; /* first transmission */
     uint8_t lane;
     uint8_t posted;
     uint8_t acked;
@@ -123,7 +126,13 @@ typedef struct tb_tx_lane {
     uint64_t dry_since;  /* when the lane ran out of credit; 0 while it has some */
     uint64_t last_probe_ns;
     int order_stalled;   /* q_cur waits for the other lane (see tx_order_ok) */
-    tb_send_req_t *q_head; /* requests in send order, oldest unacked first */
+    /* The retransmit timer expired and a probe asked the peer what arrived
+     * (see progress_timers): probe_tsn is the probe's lane-0 tsn, probe_end
+     * the lane's next seq when it went out. */
+    int probing;
+    uint32_t probe_tsn;
+    uint32_t probe_end;
+    tb_send_req_t *q_head; /* requests in send order, oldest not yet complete first */
     tb_send_req_t *q_tail;
     tb_send_req_t *q_cur;  /* first request with unsent fragments */
 } tb_tx_lane_t;
@@ -138,6 +147,9 @@ typedef struct tb_rx_msg {
     uint8_t tag;
     uint8_t lane;
     uint8_t caller_buf;
+    uint8_t placed; /* data is the caller's destination for bytes skip.. (recv_place) */
+    uint8_t skip;
+    unsigned char head[TB_CHAN_PLACE_HEAD]; /* a placed message's first skip bytes */
 } tb_rx_msg_t;
 
 typedef struct tb_rx_lane {
@@ -174,6 +186,8 @@ struct tb_channel {
     uint64_t last_tx_ns;
     uint64_t last_hello_ns;
     uint64_t last_ka_ns;  /* the latest keepalive */
+    uint64_t last_probe_at; /* when the latest timer probe went out (tx_probe) */
+    uint32_t probe_tsn;
     int ka_unanswered;    /* nothing received from the peer since it */
     uint64_t hello_ivl;
     unsigned hellos_sent;
@@ -190,18 +204,45 @@ struct tb_channel {
     tb_rx_lane_t rx[TB_WIRE_MAX_LANES];
     tb_tx_frame_t ctrl[CTRL_FRAMES];
     tb_tx_frame_t *ctrl_free;
+    tb_send_req_t *req_cache;
+    unsigned nreq_cache;
+    tb_tx_frame_t *begun; /* tb_channel_send_begin's frame, until commit or cancel */
+    int dirty;            /* something happened: the next progress does a full pass */
+    uint64_t last_full_ns;
+    uint64_t tick_ns;
     tb_channel_counters_t cnt;
 };
 
 static void tx_push(tb_channel_t *ch);
 
-static void req_free(tb_send_req_t *req)
+/* Requests are recycled (up to REQ_CACHE per channel): a malloc and free per
+ * small message were a tenth of the channel's CPU time per message. */
+static void req_free(tb_channel_t *ch, tb_send_req_t *req)
 {
     if (req->iov != &req->iov_one) {
         free(req->iov);
     }
     free(req->own);
+    if (ch->nreq_cache < REQ_CACHE) {
+        req->next = ch->req_cache;
+        ch->req_cache = req;
+        ch->nreq_cache++;
+        return;
+    }
     free(req);
+}
+
+static tb_send_req_t *req_alloc(tb_channel_t *ch)
+{
+    tb_send_req_t *req = ch->req_cache;
+
+    if (!req) {
+        return calloc(1, sizeof(*req));
+    }
+    ch->req_cache = req->next;
+    ch->nreq_cache--;
+    memset(req, 0, sizeof(*req));
+    return req;
 }
 
 const char *tb_channel_strerror(int status)
@@ -236,8 +277,8 @@ void tb_channel_params_default(tb_channel_params_t *p)
     }
     p->payload_crc = 1;
     p->max_msg_size = 64u << 20;
-    p->ack_delay_ns = 20000;
-    p->rto_min_ns = 200000;
+    p->ack_delay_ns = 500000;
+    p->rto_min_ns = 2000000;
     p->rto_initial_ns = 10000000;
     p->rto_max_ns = 128000000;
     p->keepalive_ns = 100000000;
@@ -308,7 +349,6 @@ static void release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f)
     }
     ch->link->ops->send_buf_put(ch->link, f->lane, f->buf);
     f->buf = NULL;
-    f->req = NULL;
     if (f->is_ctrl) {
         f->next_free = ch->ctrl_free;
         ch->ctrl_free = f;
@@ -317,7 +357,9 @@ static void release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f)
 
 static void rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m)
 {
-    if (m->caller_buf) {
+    if (m->placed) {
+        /* The caller's destination: nothing of ours. */
+    } else if (m->caller_buf) {
         ch->cb.recv_buf_drop(ch->cb.ctx, m->data);
     } else if (!m->slot) {
         free(m->data);
@@ -334,7 +376,6 @@ static void cancel_all(tb_channel_t *ch, int status)
 
         for (unsigned i = 0; i < t->window; i++) {
             tb_tx_frame_t *f = &t->ring[i];
-            f->req = NULL;
             if (f->buf && !f->posted) {
                 release_tx_frame(ch, f);
             }
@@ -360,7 +401,7 @@ static void cancel_all(tb_channel_t *ch, int status)
             if (ch->cb.send_done) {
                 ch->cb.send_done(ch->cb.ctx, req->cookie, status);
             }
-            req_free(req);
+            req_free(ch, req);
         }
         t->q_tail = t->q_cur = NULL;
     }
@@ -516,12 +557,14 @@ static int tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags)
         if (l >= ch->p.nlanes) {
             h->ack[l] = 0;
             h->credit[l] = 0;
+            h->echo_tsn[l] = 0;
             continue;
         }
         tb_rx_lane_t *r = &ch->rx[l];
         uint32_t lim = rx_limit(ch, l);
         h->ack[l] = tb_wire_le32(r->expected - 1);
         h->credit[l] = tb_wire_le32(lim);
+        h->echo_tsn[l] = tb_wire_le16((uint16_t) r->h_tsn);
         r->adv_limit = lim;
         r->unacked = 0;
         if (r->nak_pending && h->type == TB_FRAME_ACK) {
@@ -540,7 +583,8 @@ static int tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags)
     h->flags = flags;
     h->src_epoch = tb_wire_le64(ch->p.epoch);
     h->dst_epoch = tb_wire_le64(ch->peer_epoch);
-    h->tsn = tb_wire_le32(t->next_tsn++);
+    f->tsn = t->next_tsn++;
+    h->tsn = tb_wire_le32(f->tsn);
     h->hdr_crc = tb_wire_le32(tb_crc32c(0, h, TB_WIRE_HDR_SIZE - 4));
 
     rc = ch->link->ops->post_send(ch->link, f->lane, f->buf, f->len, f);
@@ -599,8 +643,10 @@ static uint32_t frag_fill(tb_channel_t *ch, tb_send_req_t *req, unsigned lane, u
     uint32_t left;
     unsigned char *dst = buf;
 
-    if (plen > ch->tx[lane].frag_cap) {
-        plen = ch->tx[lane].frag_cap;
+    (void) ch;
+    (void) lane;
+    if (plen > req->frag_size) {
+        plen = req->frag_size;
     }
     left = plen;
     while (left > 0) {
@@ -644,6 +690,11 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     h->frag_offset = tb_wire_le32(off);
     h->payload_len = tb_wire_le32(plen);
     h->tag = req->tag;
+    /* Ask for an ack once half the window is out, so the peer can coalesce
+     * the rest of its acks (or piggyback them) without stalling us. */
+    if (t->next_seq - t->una + 1 == (t->window + 1) / 2) {
+        flags |= TB_FRAME_F_ACK_REQ;
+    }
     if (ch->p.payload_crc) {
         flags |= TB_FRAME_F_PAYLOAD_CRC;
         h->payload_crc = tb_wire_le32(tb_crc32c(0, (unsigned char *) buf + TB_WIRE_HDR_SIZE,
@@ -652,13 +703,14 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     h->flags = flags;
 
     f->buf = buf;
-    f->req = req;
+    f->msg_id = req->msg_id;
     f->lane = (uint8_t) lane;
     f->acked = 0;
     f->posted = 0;
     f->retx = 0;
     f->sacked = 0;
     f->sent_ns = ch->now;
+    f->first_ns = ch->now;
     f->len = TB_WIRE_HDR_SIZE + plen;
     if (f->len < t->post_min) {
         f->len = t->post_min; /* the receive has the lane's frame count */
@@ -674,6 +726,15 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     t->next_seq++;
     ch->cnt.data_frames_sent++;
     return tx_post(ch, f, flags);
+}
+
+/* The lane of a message of len bytes.  Bulk frames are padded to the full
+ * frame count, so the bulk lane pays off only from about half a bulk frame
+ * (measured on the virtual cluster with 4 and 64 KiB frames: 16 KiB is faster
+ * as small frames, 48 KiB as one bulk frame, 32 KiB is even). */
+static unsigned msg_lane(const tb_channel_t *ch, uint64_t len)
+{
+    return ch->p.nlanes > 1 && len > ch->tx[0].frag_cap && len >= ch->p.frame_size[1] / 2;
 }
 
 static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
@@ -693,8 +754,21 @@ static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
 static int tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id)
 {
     for (unsigned l2 = 0; l2 < ch->p.nlanes; l2++) {
-        const tb_send_req_t *q = ch->tx[l2].q_head;
-        if (l2 != l && q && tb_seq_diff(msg_id, q->msg_id) >= (int32_t) TB_CHAN_MAX_AHEAD) {
+        const tb_tx_lane_t *t = &ch->tx[l2];
+        uint32_t oldest;
+        if (l2 == l) {
+            continue;
+        }
+        /* The oldest unacked message of lane l2: its oldest unacked frame's,
+         * else the next one it will send. */
+        if (t->una != t->next_seq) {
+            oldest = t->ring[t->una % t->window].msg_id;
+        } else if (t->q_cur) {
+            oldest = t->q_cur->msg_id;
+        } else {
+            continue;
+        }
+        if (tb_seq_diff(msg_id, oldest) >= (int32_t) TB_CHAN_MAX_AHEAD) {
             return 0;
         }
     }
@@ -820,10 +894,16 @@ static void tx_nak(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t gap, uint32_t sac
 /* ------------------------------------------------------------------ */
 /* Acks                                                                */
 
+/* A send is complete once its last fragment is in a send slot: the caller's
+ * memory is not read again (a resend resends the slot), and a peer that never
+ * acknowledges fails the channel, which is fatal for the job anyway.  Waiting
+ * for the ack instead held every buffer a round trip longer.  Called from
+ * progress only, never inside tb_channel_sendv (a caller's send must not
+ * complete before it returns). */
 static void tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
 {
-    while (ch_usable(ch) && t->q_head && t->q_head->frags_sent == t->q_head->frags_total
-           && t->q_head->frags_acked == t->q_head->frags_total) {
+    while (ch_usable(ch) && t->q_head && t->q_head != t->q_cur
+           && t->q_head->frags_sent == t->q_head->frags_total) {
         tb_send_req_t *req = t->q_head;
         t->q_head = req->next;
         if (!t->q_head) {
@@ -838,15 +918,15 @@ static void tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
             ch->cb.send_done(ch->cb.ctx, req->cookie, TB_CHAN_OK);
             ch->in_callback--;
         }
-        req_free(req);
+        req_free(ch, req);
     }
 }
 
-static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
+static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t echo)
 {
     tb_tx_lane_t *t = &ch->tx[lane];
     tb_tx_frame_t *newest;
-    uint64_t sent_ns, resent_ns = 0;
+    uint64_t sent_ns, resent_ns = 0, orig_ns = 0;
 
     if (!tb_seq_lt(t->una, new_una)) {
         return;
@@ -863,18 +943,26 @@ static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
         if (f->retx && f->sent_ns > resent_ns) {
             resent_ns = f->sent_ns;
         }
-        f->acked = 1;
-        if (f->req) {
-            f->req->frags_acked++;
-            f->req = NULL;
+        /* Acked by a frame that left the peer before our resend reached it:
+         * the original had arrived, the resend was not needed, and the ack
+         * times the original (Eifel, RFC 3522). */
+        if (f->retx && tb_seq16_diff(echo, (uint16_t) f->tsn) < 0) {
+            ch->cnt.spurious_retransmits++;
+            orig_ns = f->first_ns;
         }
+        f->acked = 1;
         if (!f->posted) {
             release_tx_frame(ch, f);
         }
         t->una++;
     }
+    t->probing = 0;
     if (sent_ns != 0 && sent_ns >= resent_ns) {
         rtt_sample(ch, lane, ch->now - sent_ns);
+    } else if (orig_ns != 0) {
+        /* The timeout was too short for the wire: learn its round trip,
+         * which also ends the backoff. */
+        rtt_sample(ch, lane, ch->now - orig_ns);
     }
     if (tb_seq_lt(t->retx_next, t->una)) {
         t->retx_next = t->una;
@@ -884,7 +972,6 @@ static void tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una)
     }
     t->timer_start = ch->now;
     t->ack_progress_ns = ch->now;
-    tx_complete_reqs(ch, t);
 }
 
 /* ------------------------------------------------------------------ */
@@ -943,13 +1030,22 @@ static void rx_deliver_ready(tb_channel_t *ch)
             if (!r->wait_head) {
                 r->wait_tail = NULL;
             }
-            rx_deliver(ch, m->tag, m->data, m->len);
+            if (m->placed) {
+                ch->next_deliver++;
+                ch->cnt.msgs_received++;
+                ch->cnt.bytes_received += m->len;
+                ch->in_callback++;
+                ch->cb.recv_placed(ch->cb.ctx, m->tag, m->head, m->skip, m->len);
+                ch->in_callback--;
+            } else {
+                rx_deliver(ch, m->tag, m->data, m->len);
+            }
             if (m->slot) {
                 r->nwaiting--;
                 if (ch_usable(ch)) {
                     rx_repost(ch, m->lane, m->slot);
                 }
-            } else if (!m->caller_buf) {
+            } else if (!m->caller_buf && !m->placed) {
                 free(m->data);
             }
             free(m);
@@ -1055,7 +1151,16 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     single = !m && plen == msg_len;
     if (!single && !m) {
         m = calloc(1, sizeof(*m));
-        if (m && ch->cb.recv_buf) {
+        if (m && ch->cb.recv_place) {
+            size_t skip = 0;
+            m->data = ch->cb.recv_place(ch->cb.ctx, h->tag, msg_len, payload, plen, &skip);
+            if (m->data && (skip > plen || skip > TB_CHAN_PLACE_HEAD)) {
+                m->data = NULL; /* a caller's mistake: fall back to a copy */
+            }
+            m->placed = m->data != NULL;
+            m->skip = (uint8_t) skip;
+        }
+        if (m && !m->data && ch->cb.recv_buf) {
             m->data = ch->cb.recv_buf(ch->cb.ctx, h->tag, msg_len);
             m->caller_buf = m->data != NULL;
         }
@@ -1119,7 +1224,16 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         r->have_msg = 1;
         r->last_msg_id = msg_id;
     }
-    memcpy(m->data + off, payload, plen);
+    if (m->placed) {
+        uint32_t in_head = off < m->skip ? m->skip - off : 0;
+        if (in_head > plen) {
+            in_head = plen;
+        }
+        memcpy(m->head + off, payload, in_head);
+        memcpy(m->data + (off + in_head - m->skip), payload + in_head, plen - in_head);
+    } else {
+        memcpy(m->data + off, payload, plen);
+    }
     m->got += plen;
     if (m->got < m->len) {
         return 0;
@@ -1270,15 +1384,33 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
         if (tb_seq_lt(most, lim)) {
             lim = most;
         }
+        /* The answer to our probe (it echoes the probe's tsn, or a later
+         * one): whatever the lane sent before the probe and is still unacked
+         * did not arrive. */
+        int answered = t->probing
+                       && tb_seq16_diff(tb_wire_le16(h->echo_tsn[0]), (uint16_t) t->probe_tsn) >= 0;
         if (tb_seq_lt(t->peer_limit, lim)) {
             t->peer_limit = lim;
         }
-        tx_ack(ch, l, new_una[l]);
+        tx_ack(ch, l, new_una[l], tb_wire_le16(h->echo_tsn[l]));
         if (h->flags & (l == 0 ? TB_FRAME_F_NAK0 : TB_FRAME_F_NAK1)) {
             ch->cnt.naks_received++;
             tx_nak(ch, t, new_una[l],
                    h->type != TB_FRAME_ACK ? 0
                                            : tb_wire_le32(l == 0 ? h->msg_len : h->frag_offset));
+        }
+        if (answered) {
+            /* Answered by the probe itself (its exact tsn): a clean lane-0
+             * round trip, the probe being sent once. */
+            if (l == 0 && tb_wire_le16(h->echo_tsn[0]) == (uint16_t) t->probe_tsn
+                && h->type == TB_FRAME_ACK) {
+                rtt_sample(ch, 0, ch->now - ch->last_probe_at);
+            }
+            t->probing = 0;
+            if (tb_seq_lt(t->una, t->probe_end)) {
+                ch->cnt.probe_repairs++;
+                tx_goback(ch, t, t->probe_end);
+            }
         }
     }
     if (!ch_usable(ch)) {
@@ -1303,6 +1435,7 @@ static int rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t 
 
 void tb_channel_recv_done(tb_channel_t *ch, unsigned lane, void *buf, size_t len, int status)
 {
+    ch->dirty = 1;
     if (lane >= ch->p.nlanes) {
         TB_ERROR("link reported a receive on lane %u; the channel has %u", lane, ch->p.nlanes);
         return;
@@ -1323,6 +1456,7 @@ void tb_channel_recv_done(tb_channel_t *ch, unsigned lane, void *buf, size_t len
 
 void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)
 {
+    ch->dirty = 1;
     tb_tx_frame_t *f = cookie;
 
     f->posted = 0;
@@ -1395,6 +1529,29 @@ static void tx_credit_probe(tb_channel_t *ch, unsigned l)
     }
 }
 
+/* A lane's retransmit timer expired.  On a UC queue pair frames do not
+ * overtake each other, so a resend of a frame that is merely late can never
+ * arrive first: it is pure waste (and a 64 KiB one on the bulk lane).  So
+ * first ask: a header-only ACK_REQ on lane 0, whose answer echoes its tsn and
+ * says what arrived (rx_frame then resends what did not).  One probe serves
+ * every lane whose timer expires in the same call.  1 if a probe is out. */
+static int tx_probe(tb_channel_t *ch, tb_tx_lane_t *t)
+{
+    if (ch->cnt.probes == 0 || ch->last_probe_at != ch->now) {
+        if (tx_ctrl(ch, TB_FRAME_ACK, TB_FRAME_F_ACK_REQ | TB_FRAME_F_PROBE, 0) != 0) {
+            return 0;
+        }
+        ch->cnt.probes++;
+        ch->last_probe_at = ch->now;
+        ch->probe_tsn = ch->tx[0].next_tsn - 1;
+    }
+    t->probing = 1;
+    t->probe_tsn = ch->probe_tsn;
+    t->probe_end = t->next_seq;
+    t->timer_start = ch->now;
+    return 1;
+}
+
 static void progress_timers(tb_channel_t *ch)
 {
     uint64_t now = ch->now;
@@ -1432,6 +1589,11 @@ static void progress_timers(tb_channel_t *ch)
         }
         if (now - t->timer_start >= t->rto) {
             ch->cnt.timeouts++;
+            if (!t->probing && tx_probe(ch, t)) {
+                continue;
+            }
+            /* The probe went unanswered too: resend, and back off. */
+            t->probing = 0;
             tx_goback(ch, t, t->next_seq);
             rto_set(ch, l, rto_clamp(ch, t->rto * 2));
         }
@@ -1496,20 +1658,49 @@ void tb_channel_clock(tb_channel_t *ch, uint64_t now)
     clock_advance(ch, now);
 }
 
+/* Work for the next progress call beyond its timers: sends queued or to
+ * resend, sends to complete, an ack owed now. */
+static int work_pending(const tb_channel_t *ch)
+{
+    if (ch->ack_now) {
+        return 1;
+    }
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        const tb_tx_lane_t *t = &ch->tx[l];
+        if (t->q_head || t->retx_next != t->retx_end) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void tb_channel_progress(tb_channel_t *ch, uint64_t now)
 {
     clock_advance(ch, now);
     if (!ch_usable(ch)) {
         return;
     }
+    /* The data path calls this between every two messages.  With nothing to
+     * do and nothing new since the last full pass, the timers alone are due
+     * at most every tick (a quarter of the shortest of the ack delay and the
+     * retransmit floor): they fire at most that late. */
+    if (!ch->dirty && now - ch->last_full_ns < ch->tick_ns) {
+        return;
+    }
+    ch->dirty = 0;
+    ch->last_full_ns = ch->now;
     progress_timers(ch);
     if (ch->state != CH_ESTABLISHED) {
         return;
     }
     tx_push(ch);
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tx_complete_reqs(ch, &ch->tx[l]);
+    }
     if (ch->state == CH_ESTABLISHED) {
         progress_ctrl(ch);
     }
+    ch->dirty |= work_pending(ch);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1525,7 +1716,8 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         TB_ERROR("reliable channel: %s", why);
         return TB_CHAN_EINVAL;
     }
-    if (!link || !cb || !cb->recv || (cb->recv_buf && !cb->recv_buf_drop)) {
+    if (!link || !cb || !cb->recv || (cb->recv_buf && !cb->recv_buf_drop)
+        || (cb->recv_place && !cb->recv_placed)) {
         TB_ERROR("reliable channel: a link and the recv callback are required (and "
                  "recv_buf_drop with recv_buf)");
         return TB_CHAN_EINVAL;
@@ -1538,6 +1730,11 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
     ch->link = link;
     ch->cb = *cb;
     ch->state = CH_IDLE;
+    ch->dirty = 1;
+    ch->tick_ns = (ch->p.ack_delay_ns < ch->p.rto_min_ns ? ch->p.ack_delay_ns : ch->p.rto_min_ns) / 4;
+    if (ch->tick_ns == 0) {
+        ch->tick_ns = 1;
+    }
     ch->next_msg_id = ch->p.initial_seq[0];
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         tb_tx_lane_t *t = &ch->tx[l];
@@ -1559,7 +1756,9 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         t->una = t->next_seq = t->retx_next = t->retx_end = ch->p.initial_seq[l];
         t->next_tsn = ch->p.initial_seq[l];
         t->peer_limit = ch->p.initial_seq[l] - 1;
-        r->ack_every = ch->p.recv_depth[l] / 4 ? ch->p.recv_depth[l] / 4 : 1;
+        /* Coalesce acks over half the receives; the sender asks for one
+         * itself when half its window is out. */
+        r->ack_every = ch->p.recv_depth[l] / 2 ? ch->p.recv_depth[l] / 2 : 1;
     }
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         rto_set(ch, l, rto_clamp(ch, ch->p.rto_initial_ns));
@@ -1611,6 +1810,11 @@ void tb_channel_destroy(tb_channel_t *ch)
         if (ch->ctrl[i].buf) {
             ch->link->ops->send_buf_put(ch->link, 0, ch->ctrl[i].buf);
         }
+    }
+    while (ch->req_cache) {
+        tb_send_req_t *req = ch->req_cache;
+        ch->req_cache = req->next;
+        free(req);
     }
     free(ch);
 }
@@ -1717,6 +1921,9 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
     if (ch->state == CH_FAILED || ch->state == CH_CLOSED) {
         return ch->status;
     }
+    if (ch->begun) {
+        return TB_CHAN_ESTATE; /* a fast-path message must be committed first */
+    }
     if (iovcnt < 0 || (iovcnt > 0 && !iov)) {
         return TB_CHAN_EINVAL;
     }
@@ -1731,7 +1938,7 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
                             || ch->pending_bytes + len > ch->p.max_queued_bytes)) {
         return TB_CHAN_EAGAIN;
     }
-    req = calloc(1, sizeof(*req));
+    req = req_alloc(ch);
     if (!req) {
         return TB_CHAN_ENOMEM;
     }
@@ -1743,18 +1950,13 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
     } else {
         req->iov = malloc((size_t) iovcnt * sizeof(*iov));
         if (!req->iov) {
-            free(req);
+            req->iov = &req->iov_one;
+            req_free(ch, req);
             return TB_CHAN_ENOMEM;
         }
         memcpy(req->iov, iov, (size_t) iovcnt * sizeof(*iov));
     }
-    /* Bulk frames are padded to the full frame count, so the bulk lane pays
-     * off only from about half a bulk frame (measured on the virtual cluster
-     * with 4 and 64 KiB frames: 16 KiB is faster as small frames, 48 KiB as
-     * one bulk frame, 32 KiB is even). */
-    if (ch->p.nlanes > 1 && len > ch->tx[0].frag_cap && len >= ch->p.frame_size[1] / 2) {
-        lane = 1;
-    }
+    lane = msg_lane(ch, len);
     req->cookie = cookie;
     req->tag = tag;
     req->len = (uint32_t) len;
@@ -1763,6 +1965,10 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
     req->frags_total = len == 0 ? 1
                                 : (uint32_t) ((len + ch->tx[lane].frag_cap - 1)
                                               / ch->tx[lane].frag_cap);
+    /* Split evenly: a message of n frames then has no nearly empty tail frame
+     * padded to the lane's full frame count (the frame rule), and from about
+     * 16 bulk frames on, no frame needs padding at all. */
+    req->frag_size = (uint32_t) ((len + req->frags_total - 1) / req->frags_total);
     {
         tb_tx_lane_t *t = &ch->tx[lane];
         if (t->q_tail) {
@@ -1776,11 +1982,97 @@ int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int
         }
     }
     ch->pending++;
+    ch->dirty = 1;
     ch->pending_bytes += len;
     if (!ch->in_callback) {
         tx_push(ch);
     }
     return TB_CHAN_OK;
+}
+
+/* The fast path: a message that fits one frame and may go at once (its lane
+ * idle, a slot, credit and window free) is written by the caller straight
+ * into its send slot and posted.  Not from inside a callback: a failing post
+ * would fail the channel under the frame being handled. */
+void *tb_channel_send_begin(tb_channel_t *ch, uint8_t tag, size_t len)
+{
+    unsigned lane;
+    tb_tx_lane_t *t;
+    tb_tx_frame_t *f;
+    tb_wire_frame_hdr_t *h;
+
+    if (ch->state != CH_ESTABLISHED || ch->in_callback || ch->begun || len > ch->p.max_msg_size) {
+        return NULL;
+    }
+    lane = msg_lane(ch, len);
+    t = &ch->tx[lane];
+    f = &t->ring[t->next_seq % t->window];
+    if (len > t->frag_cap || t->q_cur || t->retx_next != t->retx_end
+        || t->next_seq - t->una >= t->window || f->buf || !tx_credit_ok(ch, lane, 0)
+        || !tx_order_ok(ch, lane, ch->next_msg_id)) {
+        return NULL;
+    }
+    f->buf = ch->link->ops->send_buf_get(ch->link, lane);
+    if (!f->buf) {
+        return NULL;
+    }
+    h = f->buf;
+    hdr_init(h, TB_FRAME_DATA, lane);
+    h->msg_len = h->payload_len = tb_wire_le32((uint32_t) len);
+    h->tag = tag;
+    ch->begun = f;
+    return (unsigned char *) f->buf + TB_WIRE_HDR_SIZE;
+}
+
+int tb_channel_send_commit(tb_channel_t *ch)
+{
+    tb_tx_frame_t *f = ch->begun;
+    tb_tx_lane_t *t;
+    tb_wire_frame_hdr_t *h;
+    uint32_t len;
+    uint8_t flags = 0;
+
+    if (!f) {
+        return TB_CHAN_ESTATE;
+    }
+    ch->begun = NULL;
+    t = &ch->tx[f->lane];
+    h = f->buf;
+    len = tb_wire_le32(h->payload_len);
+    f->msg_id = ch->next_msg_id++;
+    h->seq = tb_wire_le32(t->next_seq);
+    h->msg_id = tb_wire_le32(f->msg_id);
+    if (t->next_seq - t->una + 1 == (t->window + 1) / 2) {
+        flags |= TB_FRAME_F_ACK_REQ;
+    }
+    if (ch->p.payload_crc) {
+        flags |= TB_FRAME_F_PAYLOAD_CRC;
+        h->payload_crc = tb_wire_le32(tb_crc32c(0, h + 1, len));
+    }
+    h->flags = flags;
+    f->acked = f->posted = f->retx = f->sacked = 0;
+    f->sent_ns = f->first_ns = ch->now;
+    f->len = TB_WIRE_HDR_SIZE + len;
+    if (f->len < t->post_min) {
+        f->len = t->post_min;
+    }
+    if (t->una == t->next_seq) {
+        t->timer_start = ch->now;
+        t->ack_progress_ns = ch->now;
+    }
+    t->next_seq++;
+    ch->cnt.data_frames_sent++;
+    ch->cnt.msgs_sent++;
+    ch->cnt.bytes_sent += len;
+    return tx_post(ch, f, flags) == 0 ? TB_CHAN_OK : ch->status;
+}
+
+void tb_channel_send_cancel(tb_channel_t *ch)
+{
+    if (ch->begun) {
+        release_tx_frame(ch, ch->begun);
+        ch->begun = NULL;
+    }
 }
 
 int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, void *cookie)
@@ -1877,6 +2169,16 @@ int tb_channel_status(const tb_channel_t *ch)
 size_t tb_channel_pending_sends(const tb_channel_t *ch)
 {
     return ch->pending;
+}
+
+size_t tb_channel_unacked(const tb_channel_t *ch)
+{
+    size_t n = ch->pending;
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        n += ch->tx[l].next_seq - ch->tx[l].una;
+    }
+    return n;
 }
 
 const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch)

@@ -55,6 +55,9 @@ enum {
  * lane.  Both peers must use the same value. */
 #define TB_CHAN_MAX_AHEAD 64u
 
+/* The most bytes of a placed message the channel keeps for recv_placed. */
+#define TB_CHAN_PLACE_HEAD 64u
+
 const char *tb_channel_strerror(int status);
 
 typedef struct tb_channel tb_channel_t;
@@ -91,7 +94,7 @@ typedef struct tb_channel_params {
 } tb_channel_params_t;
 
 /* Defaults: 2 lanes (4 KiB and 64 KiB), depth 32, window 32, payload CRC on,
- * 64 MiB messages, ack delay 20 us, RTO 200 us..128 ms (10 ms before the
+ * 64 MiB messages, ack delay 500 us, RTO 2 ms..128 ms (10 ms before the
  * first round-trip sample), keepalive 100 ms, peer timeout 5 s, 64 frames per
  * progress, a send queue of at most 4096 messages and 256 MiB (four of the
  * largest messages).  epoch and initial_seq are left 0: the caller must set a
@@ -114,8 +117,22 @@ typedef struct tb_channel_callbacks {
     /* Required with recv_buf: a buffer from recv_buf will not be delivered
      * (channel failed or destroyed); the caller may reuse it. */
     void (*recv_buf_drop)(void *ctx, void *buf);
-    /* A send finished: TB_CHAN_OK once the peer acknowledged every byte, or
-     * the error that ended the channel. */
+    /* Optional, tried before recv_buf: a message of len bytes (more than one
+     * frame) begins, head_len bytes of it at head.  Return where its bytes
+     * from *skip on go (len - *skip bytes of the caller's memory, *skip at
+     * most head_len and TB_CHAN_PLACE_HEAD), or NULL.  The channel writes
+     * each fragment straight there, and delivers the message through
+     * recv_placed with its first *skip bytes: one copy fewer than recv.  If
+     * the channel fails first, the destination may hold part of it. */
+    void *(*recv_place)(void *ctx, uint8_t tag, size_t len, const void *head, size_t head_len,
+                        size_t *skip);
+    /* Required with recv_place: a placed message is complete, in order. */
+    void (*recv_placed)(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len);
+    /* A send finished: TB_CHAN_OK once every byte is in the channel's send
+     * slots (the caller's memory is free again; the channel resends from its
+     * slots until the peer acknowledges, or fails), or the error that ended
+     * the channel.  Reported from tb_channel_progress, never from inside
+     * tb_channel_send. */
     void (*send_done)(void *ctx, void *cookie, int status);
     /* The channel failed (status, and a sentence for the user); called once,
      * not for tb_channel_abort.  Pending sends then complete with status;
@@ -130,6 +147,9 @@ typedef struct tb_channel_counters {
     uint64_t ctrl_frames_sent; /* HELLO, ACK, keepalive, CLOSE */
     uint64_t retransmits;
     uint64_t timeouts;         /* retransmit timer expiries */
+    uint64_t probes;           /* ACK_REQ probes sent on an expiry instead of resending */
+    uint64_t probe_repairs;    /* probe answers that showed frames lost (then resent) */
+    uint64_t spurious_retransmits; /* resends whose original was acked (tsn echo) */
     uint64_t naks_sent;
     uint64_t naks_received;
     uint64_t keepalives_sent;
@@ -182,6 +202,18 @@ int tb_channel_send(tb_channel_t *ch, uint8_t tag, const void *buf, size_t len, 
 int tb_channel_sendv(tb_channel_t *ch, uint8_t tag, const struct iovec *iov, int iovcnt,
                      void *cookie);
 
+/* The fast path for a message of len bytes that fits one frame: when it can
+ * go at once (nothing queued before it, a free slot, credit and window; not
+ * inside a callback), returns where to write its len bytes in a send slot,
+ * else NULL (use tb_channel_send).  Then tb_channel_send_commit posts it; it
+ * is complete at once (no send_done), and the channel resends it from the
+ * slot if needed.  Or tb_channel_send_cancel gives the slot back.  Nothing
+ * else may be sent on the channel in between. */
+void *tb_channel_send_begin(tb_channel_t *ch, uint8_t tag, size_t len);
+/* 0, or the channel's failure status (the post failed). */
+int tb_channel_send_commit(tb_channel_t *ch);
+void tb_channel_send_cancel(tb_channel_t *ch);
+
 /* Stop referencing the caller's memory of every pending send queued with
  * cookie (e.g. before deregistering it): the bytes not yet copied into link
  * slots are copied into memory the channel owns until the send completes.
@@ -222,8 +254,11 @@ void tb_channel_progress(tb_channel_t *ch, uint64_t now);
 int tb_channel_is_connected(const tb_channel_t *ch);
 /* 0 while usable, else the status that ended it. */
 int tb_channel_status(const tb_channel_t *ch);
-/* Sends not yet acknowledged. */
+/* Sends not yet complete (their data not all in send slots yet). */
 size_t tb_channel_pending_sends(const tb_channel_t *ch);
+/* Sends not complete plus data frames the peer has not acknowledged: 0 once
+ * everything sent has arrived. */
+size_t tb_channel_unacked(const tb_channel_t *ch);
 const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch);
 
 #endif /* TB_CHANNEL_H */

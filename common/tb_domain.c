@@ -163,11 +163,6 @@ int tb_domain_progress(tb_domain_t *d, uint64_t now_ns)
     struct ibv_wc wc[MAX_POLL_BATCH];
     int total = 0;
 
-    for (int i = 0; i < d->p.qp_budget; i++) {
-        if (d->slots[i].conn) {
-            tb_channel_clock(d->slots[i].conn->ch, now_ns);
-        }
-    }
     for (unsigned round = 0; round < d->p.poll_rounds; round++) {
         int n = ibv_poll_cq(d->cq, (int) d->p.poll_batch, wc);
         if (n < 0) {
@@ -183,6 +178,8 @@ int tb_domain_progress(tb_domain_t *d, uint64_t now_ns)
             uint32_t index = tag & TAG_INDEX_MASK;
             conn_slot_t *s = index < (uint32_t) d->p.qp_budget ? &d->slots[index] : NULL;
             if (s && s->conn && s->gen == tag >> TAG_INDEX_BITS) {
+                /* Acks in it are timed at this poll, not at the last progress. */
+                tb_channel_clock(s->conn->ch, now_ns);
                 tb_qplink_dispatch(s->conn->ql, s->conn->ch, &wc[i]);
             } else {
                 d->stale++;

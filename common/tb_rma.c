@@ -193,25 +193,24 @@ const char *tb_rma_status_string(int status)
     }
 }
 
-tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
-                             tb_rma_msg_t *m)
+tb_rma_status_t tb_rma_parse_head(uint8_t tag, const void *head, size_t head_len,
+                                  size_t msg_len, uint64_t max_len, tb_rma_msg_t *m)
 {
     tb_wire_rma_hdr_t h;
     size_t want;
 
     memset(m, 0, sizeof(*m));
-    if (len < sizeof(h)) {
+    if (head_len < sizeof(h) || msg_len < sizeof(h)) {
         return TB_RMA_EPROTO;
     }
-    memcpy(&h, data, sizeof(h));
+    memcpy(&h, head, sizeof(h));
     m->tag = tag;
     m->status = h.status;
     m->req_id = tb_wire_le64(h.req_id);
     m->key = tb_wire_le64(h.key);
     m->addr = tb_wire_le64(h.addr);
     m->len = tb_wire_le64(h.len);
-    m->payload = (const unsigned char *) data + sizeof(h);
-    m->payload_len = len - sizeof(h);
+    m->payload_len = msg_len - sizeof(h);
     if (TB_WIRE_RMA_VERSION != h.version || 0 != h.reserved || 0 != h.reserved2
         || m->len > max_len) {
         return TB_RMA_EPROTO;
@@ -235,4 +234,15 @@ tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t
         return TB_RMA_EPROTO;
     }
     return TB_RMA_OK;
+}
+
+tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
+                             tb_rma_msg_t *m)
+{
+    tb_rma_status_t st = tb_rma_parse_head(tag, data, len, len, max_len, m);
+
+    if (len >= sizeof(tb_wire_rma_hdr_t)) {
+        m->payload = (const unsigned char *) data + sizeof(tb_wire_rma_hdr_t);
+    }
+    return st;
 }

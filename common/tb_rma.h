@@ -79,4 +79,9 @@ typedef struct tb_rma_msg {
 tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
                              tb_rma_msg_t *m);
 
+/* The same from the first head_len bytes of a message of msg_len bytes whose
+ * payload goes elsewhere (placed by the channel): m->payload stays NULL. */
+tb_rma_status_t tb_rma_parse_head(uint8_t tag, const void *head, size_t head_len,
+                                  size_t msg_len, uint64_t max_len, tb_rma_msg_t *m);
+
 #endif /* TB_RMA_H */

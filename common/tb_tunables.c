@@ -23,7 +23,11 @@ void tb_tunables_defaults(tb_tunables_t *t)
      * computation (an HPL update under emulation took over 5 s) looks dead
      * to a shorter timeout. */
     t->peer_timeout_ms = 30000;
-    t->rto_min_us = 200;
+    /* A timeout first probes (a header-only frame) before resending, and a
+     * frame that is merely late cannot be overtaken by its resend on a UC
+     * queue pair: a floor in milliseconds costs nothing on a healthy link,
+     * where 200 us fired on every stall of the emulated cluster. */
+    t->rto_min_us = 2000;
     /* Payload integrity is the link's job (Thunderbolt's and RoCE's own CRCs),
      * as in Open MPI's other transports; a software CRC32C of every payload
      * byte on both sides cost 55 us of CPU per 4 KiB message and 15 ms per

@@ -17,7 +17,7 @@
 
 #define TB_WIRE_FRAME_MAGIC 0x43524254u /* "TBRC" in little-endian byte order */
 #define TB_WIRE_ADDR_MAGIC 0x41524254u  /* "TBRA" */
-#define TB_WIRE_VERSION 1
+#define TB_WIRE_VERSION 2
 
 /* Apple's hardware moves data in 4 KiB frames; a send must land in a receive
  * posted with the same number of frames, and one message is at most this. */
@@ -42,6 +42,8 @@ enum {
     TB_FRAME_F_PAYLOAD_CRC = 0x08, /* payload_crc is valid and must be checked */
     TB_FRAME_F_RETX = 0x10,        /* a retransmission (diagnostics only) */
     TB_FRAME_F_KEEPALIVE = 0x20,   /* sent because the link was idle */
+    TB_FRAME_F_PROBE = 0x40,       /* sent because a retransmit timer expired (with
+                                    * ACK_REQ): the answer says what arrived */
 };
 
 /*
@@ -75,7 +77,11 @@ typedef struct __attribute__((packed)) tb_wire_frame_hdr {
                            * TB_FRAME_F_NAK1: lane 1's held-frames bitmap */
     uint32_t payload_len; /* payload bytes in this frame */
     uint8_t tag;          /* user tag */
-    uint8_t reserved[7];  /* zero */
+    uint8_t reserved[3];  /* zero */
+    uint16_t echo_tsn[TB_WIRE_MAX_LANES]; /* low 16 bits of the highest tsn the sender
+                                           * had received on each lane: tells a
+                                           * retransmission's ack from the
+                                           * original's, and answers a probe */
     uint32_t payload_crc; /* CRC32C of the payload (TB_FRAME_F_PAYLOAD_CRC) */
     uint32_t hdr_crc;     /* CRC32C of all the bytes above; always checked */
 } tb_wire_frame_hdr_t;
@@ -84,6 +90,7 @@ typedef struct __attribute__((packed)) tb_wire_frame_hdr {
 _Static_assert(sizeof(tb_wire_frame_hdr_t) == TB_WIRE_HDR_SIZE, "frame header layout");
 _Static_assert(offsetof(tb_wire_frame_hdr_t, tsn) == 24, "frame header layout");
 _Static_assert(offsetof(tb_wire_frame_hdr_t, tag) == 64, "frame header layout");
+_Static_assert(offsetof(tb_wire_frame_hdr_t, echo_tsn) == 68, "frame header layout");
 _Static_assert(offsetof(tb_wire_frame_hdr_t, hdr_crc) == TB_WIRE_HDR_SIZE - 4,
                "hdr_crc must be last: it covers everything before it");
 
@@ -280,7 +287,13 @@ static inline uint32_t tb_wire_hw_frames(size_t len)
     return len == 0 ? 1u : (uint32_t) ((len + TB_WIRE_HW_FRAME - 1) / TB_WIRE_HW_FRAME);
 }
 
-/* Serial-number arithmetic (RFC 1982 style) for 32-bit sequence numbers. */
+/* Serial-number arithmetic (RFC 1982 style) for 32-bit sequence numbers (and
+ * for the 16-bit tsn echoes: tsns in flight at once differ by far less). */
+static inline int16_t tb_seq16_diff(uint16_t a, uint16_t b)
+{
+    return (int16_t) (uint16_t) (a - b);
+}
+
 static inline int32_t tb_seq_diff(uint32_t a, uint32_t b)
 {
     return (int32_t) (a - b);
