@@ -259,8 +259,12 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         if (in_head > plen) {
             in_head = plen;
         }
-        memcpy(m->head + off, payload, in_head);
-        memcpy(m->data + (off + in_head - m->skip), payload + in_head, plen - in_head);
+        if (in_head > 0) {
+            memcpy(m->head + off, payload, in_head);
+        }
+        if (plen > in_head) { /* then off + in_head >= skip: skip <= the first fragment */
+            memcpy(m->data + (off + in_head - m->skip), payload + in_head, plen - in_head);
+        }
     } else {
         memcpy(m->data + off, payload, plen);
     }
