@@ -10,6 +10,12 @@
  *                     reveals an identity (the listener's jobid and vpid)
  *   forge VPID        send a well-formed v1 REQUEST claiming to be (JOBID, VPID)
  *                     with a random but valid address blob; report the answer
+ *   forge2 VPID TARGET
+ *                     the same in the authenticated version-2 exchange (HELLO,
+ *                     CHALLENGE, REQUEST from (JOBID, VPID) to (JOBID, TARGET)
+ *                     with a mac the attacker cannot compute: random bytes);
+ *                     reports whether the challenge or an answer reveals the
+ *                     jobid, and whether the request was accepted
  *   starve COUNT SEC  open COUNT TCP connections, send nothing, hold them SEC
  *                     seconds, then close them
  * -j JOBID  the jobid to claim (and to look for in replies); without it, forge
@@ -334,10 +340,121 @@ static void starve(int count, int seconds)
     free(p);
 }
 
+/* ---- version-2 wire format (common/tb_wire.h), as public as version 1 ---- */
+
+typedef struct __attribute__((packed)) {
+    uint32_t magic;
+    uint8_t version, type;
+    uint16_t reserved;
+    uint8_t nonce[16];
+} cm2_nonce_t;
+
+typedef struct __attribute__((packed)) {
+    uint32_t magic;
+    uint8_t version, type;
+    uint16_t reserved;
+    uint8_t id_len, peer_id_len, reserved2[6];
+    uint8_t id[CM_ID_MAX], peer_id[CM_ID_MAX];
+    wire_addr_t addr;
+    uint8_t mac[32];
+} cm2_request_t;
+
+_Static_assert(sizeof(cm2_nonce_t) == 24, "v2 HELLO/CHALLENGE layout");
+_Static_assert(sizeof(cm2_request_t) == 240, "v2 REQUEST layout");
+
+static void forge2(uint32_t vpid, uint32_t target_vpid)
+{
+    cm2_nonce_t hello, challenge;
+    cm2_request_t req;
+    uint8_t buf[4096];
+    char line[512];
+    size_t got = 0;
+    int fd = dial(), closed = 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+
+    memset(&hello, 0, sizeof(hello));
+    hello.magic = CM_MAGIC;
+    hello.version = 2;
+    hello.type = 1;
+    random_bytes(hello.nonce, sizeof(hello.nonce));
+    snprintf(line, sizeof(line), "forge2 %s as jobid %u vpid %u to vpid %u: ", where, jobid, vpid,
+             target_vpid);
+    if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != (ssize_t) sizeof(hello)) {
+        printf("%sreset before the HELLO went out, not accepted\n", line);
+        close(fd);
+        return;
+    }
+    while (got < sizeof(challenge) && poll(&p, 1, wait_ms) > 0) {
+        ssize_t n = recv(fd, buf + got, sizeof(challenge) - got, 0);
+        if (n <= 0) {
+            closed = 1;
+            break;
+        }
+        got += (size_t) n;
+    }
+    if (got < sizeof(challenge)) {
+        judge(buf, got, closed, 1, line, sizeof(line));
+        printf("%s (no challenge), not accepted\n", line);
+        close(fd);
+        return;
+    }
+    memcpy(&challenge, buf, sizeof(challenge));
+    memset(&req, 0, sizeof(req));
+    req.magic = CM_MAGIC;
+    req.version = 2;
+    req.type = 3;
+    req.id_len = req.peer_id_len = 8;
+    memcpy(req.id, &jobid, 4);
+    memcpy(req.id + 4, &vpid, 4);
+    memcpy(req.peer_id, &jobid, 4);
+    memcpy(req.peer_id + 4, &target_vpid, 4);
+    req.addr.magic = ADDR_MAGIC;
+    req.addr.version = 2;
+    req.addr.nlanes = 2;
+    random_bytes(&req.addr.epoch, sizeof(req.addr.epoch));
+    req.addr.crc = crc32c(&req.addr, sizeof(req.addr) - 4);
+    random_bytes(req.mac, sizeof(req.mac));
+    got = 0;
+    if (send(fd, &req, sizeof(req), MSG_NOSIGNAL) == (ssize_t) sizeof(req)) {
+        while (got < sizeof(buf) && poll(&p, 1, got ? 500 : wait_ms) > 0) {
+            ssize_t n = recv(fd, buf + got, sizeof(buf) - got, 0);
+            if (n <= 0) {
+                closed = 1;
+                break;
+            }
+            got += (size_t) n;
+        }
+    } else {
+        closed = 1;
+    }
+    close(fd);
+    /* The challenge must carry nothing but a nonce; an answer to a request with
+     * a made-up mac must not come at all (a REPLY is 112 bytes, status at 8). */
+    if (have_jobid) {
+        for (size_t i = 0; i + 4 <= sizeof(challenge); i++) {
+            uint32_t j;
+            memcpy(&j, (uint8_t *) &challenge + i, 4);
+            if (j == jobid) {
+                bad_news = 1;
+                snprintf(line + strlen(line), sizeof(line) - strlen(line),
+                         "the challenge REVEALED jobid %u; ", j);
+                break;
+            }
+        }
+    }
+    if (got >= 112 && buf[8] == 0) {
+        bad_news = 1;
+        printf("%sa %zu-byte answer with status ACCEPT: ACCEPTED\n", line, got);
+        return;
+    }
+    judge(buf, got, closed, 1, line, sizeof(line));
+    printf("%s, not accepted\n", line);
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: tb_cm_forge [-j JOBID] [-w MS] IP:PORT "
-                    "{probe | forge VPID | starve COUNT SECONDS}...\n");
+                    "{probe | forge VPID | forge2 VPID TARGET | starve COUNT SECONDS}...\n");
     exit(2);
 }
 
@@ -374,6 +491,10 @@ int main(int argc, char **argv)
             probe();
         } else if (!strcmp(argv[i], "forge") && i + 1 < argc) {
             forge((uint32_t) strtoul(argv[++i], NULL, 0));
+        } else if (!strcmp(argv[i], "forge2") && i + 2 < argc) {
+            uint32_t v = (uint32_t) strtoul(argv[i + 1], NULL, 0);
+            forge2(v, (uint32_t) strtoul(argv[i + 2], NULL, 0));
+            i += 2;
         } else if (!strcmp(argv[i], "starve") && i + 2 < argc) {
             int count = atoi(argv[i + 1]), seconds = atoi(argv[i + 2]);
             i += 2;
