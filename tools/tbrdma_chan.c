@@ -37,12 +37,43 @@
 #include "tb_device.h"
 #include "tb_domain.h"
 #include "tb_log.h"
+#include "tb_sha256.h"
 #include "tb_tunables.h"
 
 #define MIB (1024.0 * 1024.0)
 #define MAX_MSG (16u << 20)
 #define LISTENER_ID "tbrdma_chan-listener"
 #define CONNECTOR_ID "tbrdma_chan-connector"
+
+/* Connection setup is authenticated (tb_cm.h) with a secret both ends share:
+ * SHA-256 of TBRDMA_CHAN_SECRET, the same on both hosts (empty when unset,
+ * which authenticates nothing: a test tool on a private cable). */
+static uint8_t chan_secret[TB_WIRE_SECRET_SIZE];
+
+static void chan_secret_init(void)
+{
+    const char *s = getenv("TBRDMA_CHAN_SECRET");
+    tb_sha256_t h;
+
+    tb_sha256_init(&h);
+    tb_sha256_update(&h, "tbrdma_chan", sizeof("tbrdma_chan"));
+    if (s) {
+        tb_sha256_update(&h, s, strlen(s));
+    }
+    tb_sha256_final(&h, chan_secret);
+}
+
+/* The only peers: the other end's role. */
+static int cm_peer_secret(void *ctx, const void *id, size_t len, uint8_t *secret)
+{
+    (void) ctx;
+    if ((len == strlen(LISTENER_ID) && !memcmp(id, LISTENER_ID, len))
+        || (len == strlen(CONNECTOR_ID) && !memcmp(id, CONNECTOR_ID, len))) {
+        memcpy(secret, chan_secret, sizeof(chan_secret));
+        return 0;
+    }
+    return -1;
+}
 
 enum { TAG_CONFIG = 1, TAG_DATA, TAG_END, TAG_BYE, TAG_PING, TAG_PONG, TAG_BW_DONE };
 enum { MODE_NONE, MODE_STREAM, MODE_LAT, MODE_BW, MODE_WAIT };
@@ -466,7 +497,9 @@ static int run_stream(void)
             }
             A.bye_queued = 1;
         }
-        if (!done && A.bye_acked && A.rx_bye) {
+        /* A send completes once it is in the channel's slots: wait for the
+         * peer's acknowledgement of everything too, BYE included. */
+        if (!done && A.bye_acked && A.rx_bye && tb_channel_unacked(A.ch) == 0) {
             done = 1;
             /* Keep answering for a while: the peer may still wait for our ack
              * of its BYE. */
@@ -659,14 +692,16 @@ static void usage(FILE *f)
             "                       4095 hardware frames)\n"
             "  --window N           unacked frames per lane (default: depth)\n"
             "  --peer-timeout MS    silence before the peer is dead (default 5000)\n"
-            "  --rto-min US         floor of the adaptive retransmit timeout (default 200)\n"
+            "  --rto-min US         floor of the adaptive retransmit timeout (default 2000)\n"
             "  --checksum full|header\n"
             "  --seed S --total MIB --max-size BYTES   stream (defaults 1, 256, 16 MiB)\n"
             "  --size BYTES --iters N                  lat, bw (defaults 8, 1000)\n"
             "  --fault-file PATH    wait: file holding the fault's wall-clock time (s)\n"
             "  --connect-timeout MS keep retrying an unreachable listener, or wait for a\n"
             "                       connection when listening (default 30000)\n"
-            "  --verbose\n");
+            "  --verbose\n"
+            "  environment: TBRDMA_CHAN_SECRET, the same on both hosts, authenticates the\n"
+            "  connection setup\n");
 }
 
 static tb_device_t *pick_device(tb_device_list_t *list, const char *name, const char *ip)
@@ -887,11 +922,14 @@ int main(int argc, char **argv)
             .port = (uint16_t) (A.listener ? port : 0),
             .id = id,
             .id_len = strlen(id),
+            .secret = chan_secret,
             .timeout_ns = 10000000000ull,
             .max_sessions = 8,
         };
-        tb_cm_callbacks_t cb = { .accept = cm_accept, .done = cm_done };
+        tb_cm_callbacks_t cb = {
+            .peer_secret = cm_peer_secret, .accept = cm_accept, .done = cm_done};
         inet_ntop(AF_INET, &dev->ipv4, self_ip, sizeof(self_ip));
+        chan_secret_init();
         if (tb_cm_create(&cp, &cb, &A.cm) != 0) {
             die("cannot listen on %s (see above)", self_ip);
         }
