@@ -67,6 +67,7 @@ struct mca_btl_base_endpoint_t {
     tb_conn_t *conn;
     opal_list_t rma_pending;  /* puts and gets awaiting their reply, in order */
     opal_list_t rma_deferred; /* replies the channel could not take yet, in order */
+    uint64_t rma_progress_ns; /* the latest answer (or the first request since none waited) */
     uint64_t next_rma_id;
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
@@ -125,6 +126,9 @@ typedef struct mca_btl_tbrdma_component_t {
 /* The largest message this process agrees to receive: a put of
  * TBRDMA_RMA_LIMIT with its header (max_send_size is checked against it). */
 #define TBRDMA_MAX_MSG (TBRDMA_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE)
+/* The slowest a peer's answers to puts and gets may come (bytes/s) before
+ * the peer counts as not answering (mca_btl_tbrdma_rma_overdue). */
+#define TBRDMA_RMA_MIN_RATE 1000000u
 
 OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 
@@ -201,8 +205,8 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
                                size_t skip, size_t len);
 /* The peer is gone: fail every put and get awaiting it. */
 void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int status);
-/* A put or get has waited longer than the peer timeout for its answer:
- * the reason to fail the endpoint, or NULL. */
+/* Puts and gets have waited too long for an answer: the reason to fail the
+ * endpoint, or NULL. */
 const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now);
 /* The endpoint goes away: its replies in flight no longer belong to it. */
 void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint);

@@ -126,6 +126,9 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     iov[0].iov_len = sizeof(req->hdr);
     iov[1].iov_base = local_address;
     iov[1].iov_len = size;
+    if (opal_list_is_empty(&endpoint->rma_pending)) {
+        endpoint->rma_progress_ns = req->start_ns;
+    }
     opal_list_append(&endpoint->rma_pending, &req->super);
     rc = mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, TB_TAG_RMA_PUT == tag ? 2 : 1,
                                       &req->cookie);
@@ -411,6 +414,7 @@ static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, b
                     tb_rma_status_string(status));
     }
     opal_list_remove_item(&endpoint->rma_pending, &req->super);
+    endpoint->rma_progress_ns = mca_btl_tbrdma_now_ns();
     req->replied = 1;
     req->reply_status = rma_status_to_opal(status);
     maybe_complete(endpoint, req);
@@ -478,9 +482,15 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
     complete(endpoint, &m, true);
 }
 
+/* A peer that keeps its channel alive but never answers a put or get would
+ * keep a flush waiting for ever.  But answers queue behind each other and
+ * behind other traffic, and a lossy link is slow: so the endpoint fails only
+ * when no answer came for the peer timeout plus the time the outstanding
+ * bytes take at TBRDMA_RMA_MIN_RATE. */
 const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
     uint64_t limit = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
+    uint64_t bytes = 0;
     tbrdma_rma_req_t *req;
 
     if (!opal_list_is_empty(&endpoint->rma_deferred)) {
@@ -489,13 +499,17 @@ const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64
     if (opal_list_is_empty(&endpoint->rma_pending)) {
         return NULL;
     }
-    req = (tbrdma_rma_req_t *) opal_list_get_first(&endpoint->rma_pending);
+    OPAL_LIST_FOREACH (req, &endpoint->rma_pending, tbrdma_rma_req_t) {
+        bytes += req->size;
+    }
+    limit += bytes * (1000000000u / TBRDMA_RMA_MIN_RATE);
     /* Signed: a get started from a callback inside this progress call is
      * stamped later than now. */
-    if ((int64_t) (now - req->start_ns) < (int64_t) limit) {
+    if ((int64_t) (now - endpoint->rma_progress_ns) < (int64_t) limit) {
         return NULL;
     }
-    return "a put or get got no answer within btl_tbrdma_peer_timeout";
+    return "puts or gets got no answer within btl_tbrdma_peer_timeout (plus the time their data "
+           "takes at 1 MB/s)";
 }
 
 void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint)

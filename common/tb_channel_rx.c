@@ -441,9 +441,14 @@ int tb_ch_rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t l
                 tb_ch_rtt_sample(ch, 0, ch->now - ch->last_probe_at);
             }
             t->probing = 0;
+            /* Lane 0 is the probe's own queue pair: what went before it and
+             * is still unacked is lost.  The bulk lane is another queue pair,
+             * which the probe may have overtaken: resend only its oldest
+             * unacked frame, asking for an ack; the answer's bitmap then
+             * shows exactly what is missing (tx_nak). */
             if (tb_seq_lt(t->una, t->probe_end)) {
                 ch->cnt.probe_repairs++;
-                tb_ch_tx_goback(ch, t, t->probe_end);
+                tb_ch_tx_goback(ch, t, l == 0 ? t->probe_end : t->una + 1);
             }
         }
     }
