@@ -148,7 +148,7 @@ void tb_ch_release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f)
     }
 }
 
-void tb_ch_rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m)
+static void tb_ch_rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m)
 {
     if (m->placed) {
         /* The caller's destination: nothing of ours. */
@@ -161,7 +161,7 @@ void tb_ch_rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m)
 }
 
 /* Drop all queued work; pending sends complete with status. */
-void tb_ch_cancel_all(tb_channel_t *ch, int status)
+static void tb_ch_cancel_all(tb_channel_t *ch, int status)
 {
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         tb_tx_lane_t *t = &ch->tx[l];
@@ -201,7 +201,7 @@ void tb_ch_cancel_all(tb_channel_t *ch, int status)
 }
 
 /* Enter FAILED (once), telling the error callback if notify. */
-void tb_ch_fail_why(tb_channel_t *ch, int status, int notify, const char *why)
+static void tb_ch_fail_why(tb_channel_t *ch, int status, int notify, const char *why)
 {
     if (ch->state == CH_FAILED || ch->state == CH_CLOSED) {
         return;
@@ -215,8 +215,8 @@ void tb_ch_fail_why(tb_channel_t *ch, int status, int notify, const char *why)
     tb_ch_cancel_all(ch, status);
 }
 
-__attribute__((format(printf, 3, 0))) void tb_ch_failv(tb_channel_t *ch, int status,
-                                                       const char *fmt, va_list ap)
+__attribute__((format(printf, 3, 0))) static void tb_ch_failv(tb_channel_t *ch, int status,
+                                                              const char *fmt, va_list ap)
 {
     char why[256];
 
@@ -234,15 +234,10 @@ __attribute__((format(printf, 3, 4))) void tb_ch_fail(tb_channel_t *ch, int stat
     va_end(ap);
 }
 
-int tb_ch_usable(const tb_channel_t *ch)
-{
-    return ch->state == CH_CONNECTING || ch->state == CH_ESTABLISHED;
-}
-
 /* ------------------------------------------------------------------ */
 /* Round-trip estimate                                                 */
 
-uint64_t tb_ch_rto_clamp(const tb_channel_t *ch, uint64_t rto)
+static uint64_t tb_ch_rto_clamp(const tb_channel_t *ch, uint64_t rto)
 {
     if (rto < ch->p.rto_min_ns) {
         return ch->p.rto_min_ns;
@@ -250,7 +245,7 @@ uint64_t tb_ch_rto_clamp(const tb_channel_t *ch, uint64_t rto)
     return rto > ch->p.rto_max_ns ? ch->p.rto_max_ns : rto;
 }
 
-void tb_ch_rto_set(tb_channel_t *ch, unsigned lane, uint64_t rto)
+static void tb_ch_rto_set(tb_channel_t *ch, unsigned lane, uint64_t rto)
 {
     ch->tx[lane].rto = rto;
     ch->cnt.rto_ns[lane] = rto;

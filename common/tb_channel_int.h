@@ -184,35 +184,25 @@ struct tb_channel {
     tb_channel_counters_t cnt;
 };
 
+static inline int tb_ch_usable(const tb_channel_t *ch)
+{
+    return ch->state == CH_CONNECTING || ch->state == CH_ESTABLISHED;
+}
+
 /* Shared between the three files (each defined with its comment). */
 void tb_ch_req_free(tb_channel_t *ch, tb_send_req_t *req);
-tb_send_req_t *tb_ch_req_alloc(tb_channel_t *ch);
 void tb_ch_release_tx_frame(tb_channel_t *ch, tb_tx_frame_t *f);
-void tb_ch_rx_msg_free(tb_channel_t *ch, tb_rx_msg_t *m);
-void tb_ch_cancel_all(tb_channel_t *ch, int status);
-void tb_ch_fail_why(tb_channel_t *ch, int status, int notify, const char *why);
-__attribute__((format(printf, 3, 0))) void tb_ch_failv(tb_channel_t *ch, int status,
-                                                       const char *fmt, va_list ap);
 __attribute__((format(printf, 3, 4))) void tb_ch_fail(tb_channel_t *ch, int status,
                                                       const char *fmt, ...);
-int tb_ch_usable(const tb_channel_t *ch);
-uint64_t tb_ch_rto_clamp(const tb_channel_t *ch, uint64_t rto);
-void tb_ch_rto_set(tb_channel_t *ch, unsigned lane, uint64_t rto);
 void tb_ch_rtt_sample(tb_channel_t *ch, unsigned lane, uint64_t r);
 void tb_ch_hello_done(tb_channel_t *ch, uint8_t type);
-uint32_t tb_ch_rx_limit(tb_channel_t *ch, unsigned l);
-int tb_ch_tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl);
 int tb_ch_tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags);
-void tb_ch_hdr_init(tb_wire_frame_hdr_t *h, uint8_t type, unsigned lane);
 int tb_ch_tx_ctrl(tb_channel_t *ch, uint8_t type, uint8_t flags, int ignore_credit);
-unsigned tb_ch_msg_lane(const tb_channel_t *ch, uint64_t len);
-int tb_ch_tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id);
 void tb_ch_tx_push(tb_channel_t *ch);
 void tb_ch_tx_goback(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t end);
 void tb_ch_tx_nak(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t gap, uint32_t sack);
 void tb_ch_tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t);
 void tb_ch_tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t echo);
 int tb_ch_rx_repost(tb_channel_t *ch, unsigned lane, void *buf);
-int tb_ch_rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t len);
 
 #endif /* TB_CHANNEL_INT_H */

@@ -346,7 +346,7 @@ static int rx_data(tb_channel_t *ch, unsigned lane, unsigned char *buf,
 }
 
 /* Validate and process one received frame.  Returns 1 if the slot is held. */
-int tb_ch_rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t len)
+static int tb_ch_rx_frame(tb_channel_t *ch, unsigned lane, unsigned char *buf, size_t len)
 {
     const tb_wire_frame_hdr_t *h = (const tb_wire_frame_hdr_t *) buf;
     uint32_t plen, tsn;

@@ -21,7 +21,7 @@ void tb_ch_req_free(tb_channel_t *ch, tb_send_req_t *req)
     free(req);
 }
 
-tb_send_req_t *tb_ch_req_alloc(tb_channel_t *ch)
+static tb_send_req_t *tb_ch_req_alloc(tb_channel_t *ch)
 {
     tb_send_req_t *req = ch->req_cache;
 
@@ -37,14 +37,14 @@ tb_send_req_t *tb_ch_req_alloc(tb_channel_t *ch)
 /* ------------------------------------------------------------------ */
 /* Transmission                                                        */
 
-uint32_t tb_ch_rx_limit(tb_channel_t *ch, unsigned l)
+static uint32_t tb_ch_rx_limit(tb_channel_t *ch, unsigned l)
 {
     tb_rx_lane_t *r = &ch->rx[l];
     uint32_t lim = r->h_tsn + r->posted;
     return tb_seq_lt(lim, r->adv_limit) ? r->adv_limit : lim;
 }
 
-int tb_ch_tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl)
+static int tb_ch_tx_credit_ok(tb_channel_t *ch, unsigned lane, int is_ctrl)
 {
     const tb_tx_lane_t *t = &ch->tx[lane];
     int32_t reserve = (lane == 0 && !is_ctrl) ? CTRL_RESERVE : 0;
@@ -120,7 +120,7 @@ int tb_ch_tx_post(tb_channel_t *ch, tb_tx_frame_t *f, uint8_t flags)
     return 0;
 }
 
-void tb_ch_hdr_init(tb_wire_frame_hdr_t *h, uint8_t type, unsigned lane)
+static void tb_ch_hdr_init(tb_wire_frame_hdr_t *h, uint8_t type, unsigned lane)
 {
     memset(h, 0, TB_WIRE_HDR_SIZE);
     h->magic = tb_wire_le32(TB_WIRE_FRAME_MAGIC);
@@ -254,7 +254,7 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
  * frame count, so the bulk lane pays off only from about half a bulk frame
  * (measured on the virtual cluster with 4 and 64 KiB frames: 16 KiB is faster
  * as small frames, 48 KiB as one bulk frame, 32 KiB is even). */
-unsigned tb_ch_msg_lane(const tb_channel_t *ch, uint64_t len)
+static unsigned tb_ch_msg_lane(const tb_channel_t *ch, uint64_t len)
 {
     return ch->p.nlanes > 1 && len > ch->tx[0].frag_cap && len >= ch->p.frame_size[1] / 2;
 }
@@ -273,7 +273,7 @@ static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
  * those is acked, hence accepted (an acked frame is never dropped), and so are
  * the earlier ones of lane l (a lane is in order): all are delivered by the
  * time msg_id starts, which keeps it within the receiver's window. */
-int tb_ch_tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id)
+static int tb_ch_tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id)
 {
     for (unsigned l2 = 0; l2 < ch->p.nlanes; l2++) {
         const tb_tx_lane_t *t = &ch->tx[l2];
