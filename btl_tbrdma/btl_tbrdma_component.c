@@ -15,9 +15,8 @@
 #include "tb_log.h"
 #include "tb_random.h"
 
-#include <errno.h>
-
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>

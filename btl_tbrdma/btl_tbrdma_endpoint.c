@@ -345,7 +345,8 @@ static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wir
                     opal_process_info.nodename, OPAL_NAME_PRINT(name), module->device->name);
         return -1;
     }
-    if (NULL != ep->conn || TBRDMA_EP_FAILED == ep->state || OPAL_SUCCESS != endpoint_make_conn(ep)) {
+    if (NULL != ep->conn || TBRDMA_EP_FAILED == ep->state
+        || OPAL_SUCCESS != endpoint_make_conn(ep)) {
         return -1;
     }
     tb_conn_local_addr(ep->conn, local);

@@ -3,8 +3,9 @@
  *
  * The send path: ob1's descriptors are fragments (btl_tbrdma_frag.h) handed
  * to the endpoint's reliable channel, which completes them once their bytes
- * are in its send slots (it resends from there until the peer acknowledges).  Received messages come back whole and in order
- * and go straight to ob1's callback from the channel's receive buffer.
+ * are in its send slots (it resends from there until the peer acknowledges).
+ * Received messages come back whole and in order and go straight to ob1's
+ * callback from the channel's receive buffer.
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"

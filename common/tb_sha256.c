@@ -40,7 +40,8 @@ static void compress(tb_sha256_t *s, const uint8_t *p)
     a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
     e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
     for (i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        uint32_t t1 = h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K[i]
+                      + w[i];
         uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
         h = g, g = f, f = e, e = d + t1;
         d = c, c = b, b = a, a = t1 + t2;

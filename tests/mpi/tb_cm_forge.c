@@ -26,9 +26,9 @@
  * One line per action on stdout.  A reply that reveals an identity adds
  * "REVEALED jobid J vpid V" to its line (a v1 reply's identity field, or, for
  * the probe, which sends no identity, the -j jobid's four bytes anywhere in
- * whatever came back); a forged request the listener accepted says "ACCEPTED".  Exit status: 0 when nothing was revealed
- * and nothing accepted, 1 when something was, 2 on bad usage or when IP:PORT
- * cannot be reached.
+ * whatever came back); a forged request the listener accepted says "ACCEPTED".
+ * Exit status: 0 when nothing was revealed and nothing accepted, 1 when
+ * something was, 2 on bad usage or when IP:PORT cannot be reached.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
