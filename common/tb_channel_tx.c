@@ -189,6 +189,41 @@ static uint32_t frag_fill(tb_channel_t *ch, tb_send_req_t *req, unsigned lane, u
     return plen;
 }
 
+/* A new data frame f, its header filled but for seq, msg_id and flags, of
+ * plen payload bytes, goes out on lane t as the next seq: the fields every
+ * transmission stamps are tb_ch_tx_post's. */
+static int tx_first_post(tb_channel_t *ch, tb_tx_lane_t *t, tb_tx_frame_t *f, uint32_t plen)
+{
+    tb_wire_frame_hdr_t *h = f->buf;
+    uint8_t flags = 0;
+
+    h->seq = tb_wire_le32(t->next_seq);
+    h->msg_id = tb_wire_le32(f->msg_id);
+    /* Ask for an ack once half the window is out, so the peer can coalesce
+     * the rest of its acks (or piggyback them) without stalling us. */
+    if (t->next_seq - t->una + 1 == (t->window + 1) / 2) {
+        flags |= TB_FRAME_F_ACK_REQ;
+    }
+    if (ch->p.payload_crc) {
+        flags |= TB_FRAME_F_PAYLOAD_CRC;
+        h->payload_crc = tb_wire_le32(tb_crc32c(0, h + 1, plen));
+    }
+    h->flags = flags;
+    f->acked = f->posted = f->retx = f->sacked = 0;
+    f->sent_ns = f->first_ns = ch->now;
+    f->len = TB_WIRE_HDR_SIZE + plen;
+    if (f->len < t->post_min) {
+        f->len = t->post_min; /* the receive has the lane's frame count */
+    }
+    if (t->una == t->next_seq) {
+        t->timer_start = ch->now;
+        t->ack_progress_ns = ch->now;
+    }
+    t->next_seq++;
+    ch->cnt.data_frames_sent++;
+    return tb_ch_tx_post(ch, f, flags);
+}
+
 static int tx_new_frame(tb_channel_t *ch, unsigned lane)
 {
     tb_tx_lane_t *t = &ch->tx[lane];
@@ -196,7 +231,6 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     tb_tx_frame_t *f = &t->ring[t->next_seq % t->window];
     tb_wire_frame_hdr_t *h;
     uint32_t off = req->sent, plen;
-    uint8_t flags = 0;
     void *buf;
 
     buf = ch->link->ops->send_buf_get(ch->link, lane);
@@ -206,48 +240,18 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     h = buf;
     tb_ch_hdr_init(h, TB_FRAME_DATA, lane);
     plen = frag_fill(ch, req, lane, (unsigned char *) buf + TB_WIRE_HDR_SIZE);
-    h->seq = tb_wire_le32(t->next_seq);
-    h->msg_id = tb_wire_le32(req->msg_id);
     h->msg_len = tb_wire_le32(req->len);
     h->frag_offset = tb_wire_le32(off);
     h->payload_len = tb_wire_le32(plen);
     h->tag = req->tag;
-    /* Ask for an ack once half the window is out, so the peer can coalesce
-     * the rest of its acks (or piggyback them) without stalling us. */
-    if (t->next_seq - t->una + 1 == (t->window + 1) / 2) {
-        flags |= TB_FRAME_F_ACK_REQ;
-    }
-    if (ch->p.payload_crc) {
-        flags |= TB_FRAME_F_PAYLOAD_CRC;
-        h->payload_crc = tb_wire_le32(tb_crc32c(0, (unsigned char *) buf + TB_WIRE_HDR_SIZE,
-                                                plen));
-    }
-    h->flags = flags;
-
     f->buf = buf;
     f->msg_id = req->msg_id;
     f->lane = (uint8_t) lane;
-    f->acked = 0;
-    f->posted = 0;
-    f->retx = 0;
-    f->sacked = 0;
-    f->sent_ns = ch->now;
-    f->first_ns = ch->now;
-    f->len = TB_WIRE_HDR_SIZE + plen;
-    if (f->len < t->post_min) {
-        f->len = t->post_min; /* the receive has the lane's frame count */
-    }
     req->sent += plen;
     if (++req->frags_sent == req->frags_total) {
         t->q_cur = req->next;
     }
-    if (t->una == t->next_seq) {
-        t->timer_start = ch->now;
-        t->ack_progress_ns = ch->now;
-    }
-    t->next_seq++;
-    ch->cnt.data_frames_sent++;
-    return tb_ch_tx_post(ch, f, flags);
+    return tx_first_post(ch, t, f, plen);
 }
 
 /* The lane of a message of len bytes.  Bulk frames are padded to the full
@@ -627,44 +631,17 @@ void *tb_channel_send_begin(tb_channel_t *ch, uint8_t tag, size_t len)
 int tb_channel_send_commit(tb_channel_t *ch)
 {
     tb_tx_frame_t *f = ch->begun;
-    tb_tx_lane_t *t;
-    tb_wire_frame_hdr_t *h;
     uint32_t len;
-    uint8_t flags = 0;
 
     if (!f) {
         return TB_CHAN_ESTATE;
     }
     ch->begun = NULL;
-    t = &ch->tx[f->lane];
-    h = f->buf;
-    len = tb_wire_le32(h->payload_len);
+    len = tb_wire_le32(((tb_wire_frame_hdr_t *) f->buf)->payload_len);
     f->msg_id = ch->next_msg_id++;
-    h->seq = tb_wire_le32(t->next_seq);
-    h->msg_id = tb_wire_le32(f->msg_id);
-    if (t->next_seq - t->una + 1 == (t->window + 1) / 2) {
-        flags |= TB_FRAME_F_ACK_REQ;
-    }
-    if (ch->p.payload_crc) {
-        flags |= TB_FRAME_F_PAYLOAD_CRC;
-        h->payload_crc = tb_wire_le32(tb_crc32c(0, h + 1, len));
-    }
-    h->flags = flags;
-    f->acked = f->posted = f->retx = f->sacked = 0;
-    f->sent_ns = f->first_ns = ch->now;
-    f->len = TB_WIRE_HDR_SIZE + len;
-    if (f->len < t->post_min) {
-        f->len = t->post_min;
-    }
-    if (t->una == t->next_seq) {
-        t->timer_start = ch->now;
-        t->ack_progress_ns = ch->now;
-    }
-    t->next_seq++;
-    ch->cnt.data_frames_sent++;
     ch->cnt.msgs_sent++;
     ch->cnt.bytes_sent += len;
-    return tb_ch_tx_post(ch, f, flags) == 0 ? TB_CHAN_OK : ch->status;
+    return tx_first_post(ch, &ch->tx[f->lane], f, len) == 0 ? TB_CHAN_OK : ch->status;
 }
 
 void tb_channel_send_cancel(tb_channel_t *ch)
