@@ -680,18 +680,26 @@ static void on_reply(tb_cm_t *cm, cm_sess_t *s)
     }
 }
 
-/* Start the TCP connection and the HELLO (already in s->out). */
-static void dial(cm_sess_t *s)
+/* Start the TCP connection on s->fd with a HELLO under a fresh nonce.  0, or
+ * the errno of a failure before connecting (no random source). */
+static int dial(cm_sess_t *s)
 {
     s->phase = P_HELLO;
     s->out_len = sizeof(s->out.nonce);
     s->out_off = 0;
     s->state = S_CONNECTING;
+    if (tb_random_bytes(s->nonce_r, sizeof(s->nonce_r)) != 0) {
+        return errno;
+    }
+    memset(&s->out, 0, sizeof(s->out));
+    hdr_fill(&s->out.nonce.hdr, TB_CM_MSG_HELLO);
+    memcpy(s->out.nonce.nonce, s->nonce_r, sizeof(s->nonce_r));
     if (connect(s->fd, (struct sockaddr *) &s->dest, sizeof(s->dest)) == 0) {
         s->state = S_SENDING;
     } else if (errno != EINPROGRESS && errno != EINTR) {
         s->conn_err = errno;
     }
+    return 0;
 }
 
 int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_id,
@@ -700,7 +708,7 @@ int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_i
     uint8_t peer_secret[TB_WIRE_SECRET_SIZE];
     struct sockaddr_in sin;
     cm_sess_t *s;
-    int fd;
+    int fd, rc;
 
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;
@@ -737,17 +745,11 @@ int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_i
     s->local = *local;
     s->user = user;
     s->has_user = 1;
-    if (tb_random_bytes(s->nonce_r, sizeof(s->nonce_r)) != 0) {
-        s->conn_err = errno;
-    }
-    hdr_fill(&s->out.nonce.hdr, TB_CM_MSG_HELLO);
-    memcpy(s->out.nonce.nonce, s->nonce_r, sizeof(s->nonce_r));
     s->dest = sin;
     s->retry_ivl = RETRY_FIRST_NS;
-    if (s->conn_err == 0) {
-        dial(s);
-    } else {
-        s->state = S_CONNECTING; /* reported through done, like a late failure */
+    rc = dial(s);
+    if (rc != 0) {
+        s->conn_err = rc; /* reported through done, like a late failure */
     }
     return TB_CM_OK;
 }
@@ -776,14 +778,9 @@ static void redial(tb_cm_t *cm, cm_sess_t *s)
         sess_finish(cm, s, TB_CM_ESYS, "socket setup failed: %s", strerror(errno));
         return;
     }
-    if (tb_random_bytes(s->nonce_r, sizeof(s->nonce_r)) != 0) {
+    if (dial(s) != 0) {
         sess_finish(cm, s, TB_CM_ESYS, "no random source: %s", strerror(errno));
-        return;
     }
-    memset(&s->out, 0, sizeof(s->out));
-    hdr_fill(&s->out.nonce.hdr, TB_CM_MSG_HELLO);
-    memcpy(s->out.nonce.nonce, s->nonce_r, sizeof(s->nonce_r));
-    dial(s);
 }
 
 /* ------------------------------------------------------------------ */
