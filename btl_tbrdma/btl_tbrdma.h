@@ -205,9 +205,10 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
                                size_t skip, size_t len);
 /* The peer is gone: fail every put and get awaiting it. */
 void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int status);
-/* Puts and gets have waited too long for an answer: the reason to fail the
- * endpoint, or NULL. */
-const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now);
+/* Now and then: post the replies that waited for the channel, and return
+ * why the endpoint must fail if its puts and gets waited too long for an
+ * answer, else NULL. */
+const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now);
 /* The endpoint goes away: its replies in flight no longer belong to it. */
 void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint);
 /* Fail the endpoint (peer gone, protocol violation): pending work ends with

@@ -443,9 +443,10 @@ void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module)
     OBJ_DESTRUCT(&module->endpoints);
 }
 
-/* A put or get whose answer never comes (a peer that drops it) would keep a
- * flush waiting forever: look for one now and then. */
-static void check_rma_overdue(mca_btl_tbrdma_module_t *module, uint64_t now)
+/* Put/get housekeeping, every 100 ms: replies that waited for the channel,
+ * and answers that never come (a peer that drops them would keep a flush
+ * waiting forever). */
+static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
 {
     mca_btl_base_endpoint_t *ep, *next;
 
@@ -454,7 +455,7 @@ static void check_rma_overdue(mca_btl_tbrdma_module_t *module, uint64_t now)
     }
     module->last_rma_check_ns = now;
     OPAL_LIST_FOREACH_SAFE (ep, next, &module->endpoints, mca_btl_base_endpoint_t) {
-        const char *why = mca_btl_tbrdma_rma_overdue(ep, now);
+        const char *why = mca_btl_tbrdma_rma_progress(ep, now);
         if (NULL != why) {
             mca_btl_tbrdma_endpoint_fail(ep, why);
         }
@@ -466,6 +467,6 @@ int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now
     int n = tb_cm_progress(module->cm, now);
     int m = tb_domain_progress(module->domain, now);
 
-    check_rma_overdue(module, now);
+    rma_progress(module, now);
     return n + (m > 0 ? m : 0);
 }

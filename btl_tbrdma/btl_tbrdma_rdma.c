@@ -12,7 +12,7 @@
  * peer that breaks the protocol (a reply nobody asked for, a message that
  * does not parse) fails its endpoint, so nothing waits for an answer that
  * cannot come.  A reply the channel cannot take yet waits in order on the
- * endpoint, and a put or get unanswered for the peer timeout fails it too.
+ * endpoint, and answers that stop coming fail it too (mca_btl_tbrdma_rma_progress).
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"
@@ -29,7 +29,6 @@ typedef struct tbrdma_rma_req_t {
     int replied; /* the reply came (status in reply_status) */
     int placed;  /* a get whose answer the channel writes straight to local_address */
     int reply_status;
-    uint64_t start_ns;
     void *local_address;
     size_t size;
     mca_btl_base_registration_handle_t *local_handle;
@@ -53,7 +52,6 @@ typedef struct tbrdma_rma_reply_t {
     const void *data; /* GET_RESP: what to send after the header */
     size_t len;
     void *copy;       /* a deferred GET_RESP's own copy of the data */
-    bool in_channel;
 } tbrdma_rma_reply_t;
 OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
 
@@ -120,14 +118,13 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     req->cbfunc = cbfunc;
     req->cbcontext = cbcontext;
     req->cbdata = cbdata;
-    req->start_ns = mca_btl_tbrdma_now_ns();
 
     iov[0].iov_base = &req->hdr;
     iov[0].iov_len = sizeof(req->hdr);
     iov[1].iov_base = local_address;
     iov[1].iov_len = size;
     if (opal_list_is_empty(&endpoint->rma_pending)) {
-        endpoint->rma_progress_ns = req->start_ns;
+        endpoint->rma_progress_ns = mca_btl_tbrdma_now_ns(); /* waiting starts now */
     }
     opal_list_append(&endpoint->rma_pending, &req->super);
     rc = mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, TB_TAG_RMA_PUT == tag ? 2 : 1,
@@ -265,7 +262,6 @@ static int reply_post(tbrdma_rma_reply_t *reply)
     rc = mca_btl_tbrdma_endpoint_send(reply->endpoint, reply->tag, iov, reply->len ? 2 : 1,
                                       &reply->cookie);
     if (OPAL_SUCCESS == rc) {
-        reply->in_channel = true;
         if (0 != reply->key) {
             opal_list_append(&c->get_replies, &reply->super);
         }
@@ -340,7 +336,6 @@ static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t 
     reply->data = data;
     reply->len = len;
     reply->copy = NULL;
-    reply->in_channel = false;
     if (opal_list_is_empty(&endpoint->rma_deferred)) {
         rc = reply_post(reply);
         if (OPAL_SUCCESS == rc) {
@@ -487,15 +482,12 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
  * behind other traffic, and a lossy link is slow: so the endpoint fails only
  * when no answer came for the peer timeout plus the time the outstanding
  * bytes take at TBRDMA_RMA_MIN_RATE. */
-const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
+static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
     uint64_t limit = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
     uint64_t bytes = 0;
     tbrdma_rma_req_t *req;
 
-    if (!opal_list_is_empty(&endpoint->rma_deferred)) {
-        post_deferred(endpoint);
-    }
     if (opal_list_is_empty(&endpoint->rma_pending)) {
         return NULL;
     }
@@ -510,6 +502,12 @@ const char *mca_btl_tbrdma_rma_overdue(mca_btl_base_endpoint_t *endpoint, uint64
     }
     return "puts or gets got no answer within btl_tbrdma_peer_timeout (plus the time their data "
            "takes at 1 MB/s)";
+}
+
+const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)
+{
+    post_deferred(endpoint);
+    return overdue(endpoint, now);
 }
 
 void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint)
