@@ -61,14 +61,6 @@ OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
 
 #define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
 
-static void fail_for_dereg(mca_btl_base_endpoint_t *endpoint)
-{
-    static const char why[] = "out of memory withdrawing a region a get still reads";
-
-    tb_channel_abort(tb_conn_channel(endpoint->conn), TB_CHAN_ENOMEM, why);
-    mca_btl_tbrdma_endpoint_fail(endpoint, why);
-}
-
 static int rma_status_to_opal(int status)
 {
     return TB_RMA_OK == status ? OPAL_SUCCESS : OPAL_ERR_BAD_PARAM;
@@ -229,9 +221,12 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
                 && TB_CHAN_ENOMEM == tb_channel_send_detach(tb_conn_channel(reply->endpoint->conn),
                                                             &reply->cookie)) {
                 /* No memory for the copy: end the answer rather than let it
-                 * read memory that is about to go (which frees the failed
-                 * endpoint's answers from this list: walk it again). */
-                fail_for_dereg(reply->endpoint);
+                 * read memory that is about to go.  Failing the endpoint
+                 * aborts its channel, which frees its answers from this list
+                 * (the endpoint is not failed yet: a failed one has no
+                 * channel sends left): walk the list again. */
+                mca_btl_tbrdma_endpoint_fail(reply->endpoint, "out of memory withdrawing a "
+                                                              "region a get still reads");
                 goto again;
             }
         }
