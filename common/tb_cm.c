@@ -964,6 +964,11 @@ uint16_t tb_cm_port(const tb_cm_t *cm)
     return cm->port;
 }
 
+void tb_cm_set_secret(tb_cm_t *cm, const uint8_t *secret)
+{
+    memcpy(cm->secret, secret, TB_WIRE_SECRET_SIZE);
+}
+
 int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_cm_t **out)
 {
     struct sockaddr_in sin;

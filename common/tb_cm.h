@@ -120,6 +120,9 @@ void tb_cm_destroy(tb_cm_t *cm);
 
 /* The port listened on (host byte order). */
 uint16_t tb_cm_port(const tb_cm_t *cm);
+/* Replace this process's secret (for an owner that learns it after it had
+ * to start listening); exchanges already under way keep their keys. */
+void tb_cm_set_secret(tb_cm_t *cm, const uint8_t *secret);
 
 /* Request a connection to the process peer_id listening at ip:port, sending
  * local.  The outcome comes through done(user).  0, or an error at once

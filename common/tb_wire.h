@@ -171,9 +171,21 @@ _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header la
  * only the processes of the job (through the launcher, never a cable), so
  * two of them derive a key from both their secrets that nobody else has, and
  * authenticate every connection-setup message with it (tb_cm.h).
+ *
+ * path says who owns the process's queue pairs: the process itself
+ * (TB_MODEX_PATH_DIRECT: cm_port is its own connection manager), or its
+ * host's engine (TB_MODEX_PATH_ENGINE: cm_port is the engine's, engine_id
+ * names that engine, zero otherwise).  Two processes reach each other only
+ * over the same path.
  */
 #define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
-#define TB_WIRE_MODEX_VERSION 2
+#define TB_WIRE_MODEX_VERSION 3
+#define TB_WIRE_ENGINE_ID_SIZE 16
+
+enum {
+    TB_MODEX_PATH_DIRECT = 0,
+    TB_MODEX_PATH_ENGINE = 1,
+};
 #define TB_WIRE_MODEX_MAX_DEVICES 16
 #define TB_WIRE_SECRET_SIZE 32
 
@@ -190,13 +202,140 @@ typedef struct __attribute__((packed)) tb_wire_modex {
     uint32_t magic;
     uint8_t version;
     uint8_t ndevices;
-    uint16_t reserved;
+    uint8_t path;     /* TB_MODEX_PATH_* */
+    uint8_t reserved; /* zero */
     uint8_t cm_secret[TB_WIRE_SECRET_SIZE];
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
     tb_wire_modex_dev_t devices[]; /* ndevices entries */
 } tb_wire_modex_t;
 
 _Static_assert(sizeof(tb_wire_modex_dev_t) == 32, "modex device entry layout");
-_Static_assert(sizeof(tb_wire_modex_t) == 40, "modex header layout");
+_Static_assert(sizeof(tb_wire_modex_t) == 56, "modex header layout");
+
+/*
+ * The host engine (tb_engine.h): one process per host and job owns the
+ * devices; the job's processes on that host (its ranks) reach it through a
+ * Unix socket (attach, doorbells, and its closing as the sign of death) and
+ * two rings in shared memory per rank (tb_shm_ring.h), which carry records.
+ *
+ * Attach: the rank connects, sends tb_wire_eattach_t with the descriptor of
+ * its shared memory (SCM_RIGHTS); the engine checks the peer's credentials
+ * and the job key and answers tb_wire_eattach_reply_t.
+ */
+#define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
+#define TB_WIRE_ENGINE_VERSION 1
+#define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
+
+typedef struct __attribute__((packed)) tb_wire_eattach {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t reserved[3];   /* zero */
+    uint32_t vpid;         /* the rank's number in the job */
+    uint32_t pid;
+    uint64_t ring_size;    /* bytes of each ring's data; the segment is
+                            * TB_SHM_RING_CTRL + 2 * ring_size */
+    uint8_t key[TB_WIRE_SECRET_SIZE]; /* the job's key on this host */
+} tb_wire_eattach_t;
+
+typedef struct __attribute__((packed)) tb_wire_edev {
+    char name[64];   /* NUL-terminated */
+    char netdev[16]; /* NUL-terminated */
+    uint32_t ipv4;   /* network byte order */
+    uint32_t netmask;
+    uint8_t gid[16];
+    uint16_t cm_port; /* the engine's connection manager on this cable */
+    uint16_t reserved;
+    uint32_t reserved2;
+} tb_wire_edev_t;
+
+enum {
+    TB_EATTACH_OK = 0,
+    TB_EATTACH_REFUSED = 1, /* bad key, credentials or request: why says which */
+    TB_EATTACH_NODEV = 2,   /* the engine has no usable device: why says why */
+    TB_EATTACH_FULL = 3,    /* no room for another rank */
+};
+
+typedef struct __attribute__((packed)) tb_wire_eattach_reply {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t status; /* TB_EATTACH_* */
+    uint8_t ndevices;
+    uint8_t reserved;
+    uint32_t engine_pid;
+    uint32_t max_record; /* the largest record payload either ring takes */
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    char why[200]; /* NUL-terminated */
+    tb_wire_edev_t devices[TB_WIRE_ENGINE_MAX_DEVICES];
+} tb_wire_eattach_reply_t;
+
+_Static_assert(sizeof(tb_wire_eattach_t) == 56, "engine attach layout");
+_Static_assert(sizeof(tb_wire_edev_t) == 112, "engine device layout");
+_Static_assert(sizeof(tb_wire_eattach_reply_t) == 232 + 16 * 112, "engine attach reply layout");
+
+/* A ring record: this header, then len bytes, padded to TB_WIRE_EREC_ALIGN. */
+#define TB_WIRE_EREC_ALIGN 16u
+
+typedef enum {
+    TB_EREC_PAD = 0,    /* filler up to the ring's end */
+    /* rank -> engine */
+    TB_EREC_SEND = 1,   /* a message for rank vpid over route link */
+    TB_EREC_ROUTE = 2,  /* link (the rank's route number) = tb_wire_eroute_t */
+    TB_EREC_JOBKEY = 3, /* the job's engine secret (TB_WIRE_SECRET_SIZE bytes) */
+    TB_EREC_BYE = 4,    /* the rank finalizes: nothing follows */
+    /* engine -> rank */
+    TB_EREC_RECV = 16,  /* a message from rank vpid through the engine's peer link */
+    TB_EREC_PEER = 17,  /* peer link is the engine tb_wire_epeer_t names */
+    TB_EREC_GONE = 18,  /* rank vpid behind peer link died; payload: why */
+    TB_EREC_DOWN = 19,  /* peer link (that engine, or its cable) failed; payload: why */
+} tb_erec_type_t;
+
+typedef struct __attribute__((packed)) tb_wire_erec {
+    uint32_t len;  /* payload bytes after this header */
+    uint8_t type;  /* tb_erec_type_t */
+    uint8_t tag;   /* SEND, RECV: the message's tag */
+    uint16_t link; /* SEND, ROUTE: the rank's route; RECV..DOWN: the engine's peer */
+    uint32_t vpid; /* SEND: destination; RECV, GONE: source */
+    uint32_t reserved;
+} tb_wire_erec_t;
+
+typedef struct __attribute__((packed)) tb_wire_eroute {
+    uint8_t dev; /* the engine's device (index in the attach reply) */
+    uint8_t reserved[3];
+    uint32_t ipv4;    /* the far engine's address on that cable */
+    uint16_t cm_port; /* and its connection manager's port */
+    uint16_t reserved2;
+    uint8_t gid[16]; /* its device's gid, which its blob must carry */
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t reserved3;
+} tb_wire_eroute_t;
+
+typedef struct __attribute__((packed)) tb_wire_epeer {
+    uint8_t dev;
+    uint8_t reserved[7];
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+} tb_wire_epeer_t;
+
+_Static_assert(sizeof(tb_wire_erec_t) == 16, "ring record layout");
+_Static_assert(sizeof(tb_wire_eroute_t) == 48, "route record layout");
+_Static_assert(sizeof(tb_wire_epeer_t) == 24, "peer record layout");
+
+/* Between engines, over their channel: one header, then the payload.
+ * Channel tags: */
+enum {
+    TB_ETAG_DATA = 1,   /* a message from rank src to rank dst */
+    TB_ETAG_CREDIT = 2, /* rank dst consumed credit bytes of what this engine sent it */
+    TB_ETAG_GONE = 3,   /* rank src died; payload: why */
+};
+
+typedef struct __attribute__((packed)) tb_wire_emsg {
+    uint32_t src;
+    uint32_t dst;
+    uint8_t tag;
+    uint8_t reserved[3];
+    uint32_t credit; /* CREDIT */
+} tb_wire_emsg_t;
+
+_Static_assert(sizeof(tb_wire_emsg_t) == 16, "engine message layout");
 
 /*
  * Connection setup over TCP (tb_cm.h), version 2.  Four fixed-size messages,

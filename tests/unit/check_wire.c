@@ -147,6 +147,11 @@ START_TEST(modex_entry_checks)
     ck_assert_int_eq(tb_modex_check(buf, len, &why), -1);
     ck_assert_str_eq(why, "of another tbrdma version");
     entry(buf, 3);
+    mx->path = TB_MODEX_PATH_ENGINE;
+    ck_assert_int_eq(tb_modex_check(buf, len, &why), 0);
+    mx->path = TB_MODEX_PATH_ENGINE + 1;
+    ck_assert_int_eq(tb_modex_check(buf, len, &why), -1);
+    entry(buf, 3);
     mx->devices[2].reserved2 = 1;
     ck_assert_int_eq(tb_modex_check(buf, len, &why), -1);
     entry(buf, 3);

@@ -1,0 +1,176 @@
+/*
+ * tbrdma common layer: records in shared memory (see tb_shm_ring.h).
+ */
+#include "tb_shm_ring.h"
+
+#include <string.h>
+
+#define REC_HDR sizeof(tb_wire_erec_t)
+
+static uint64_t rec_bytes(uint64_t len)
+{
+    return (REC_HDR + len + TB_WIRE_EREC_ALIGN - 1) & ~(uint64_t) (TB_WIRE_EREC_ALIGN - 1);
+}
+
+bool tb_shm_ring_size_ok(uint64_t size)
+{
+    return size >= TB_SHM_RING_MIN && size <= TB_SHM_RING_MAX && 0 == (size & (size - 1));
+}
+
+size_t tb_shm_ring_segment_size(uint64_t size)
+{
+    return TB_SHM_RING_CTRL + 2 * (size_t) size;
+}
+
+void tb_shm_ring_attach(tb_shm_ring_t *r, void *base, uint64_t size, unsigned index, bool init)
+{
+    _Static_assert(2 * sizeof(tb_shm_ring_ctrl_t) <= TB_SHM_RING_CTRL, "ring control blocks");
+    memset(r, 0, sizeof(*r));
+    r->ctrl = (tb_shm_ring_ctrl_t *) base + index;
+    r->data = (uint8_t *) base + TB_SHM_RING_CTRL + (size_t) index * size;
+    r->size = size;
+    if (init) {
+        atomic_store(&r->ctrl->head, 0);
+        atomic_store(&r->ctrl->tail, 0);
+        atomic_store(&r->ctrl->waiting, 0);
+    }
+}
+
+/* The consumer's tail, trusted only between the last tail seen and head. */
+static bool refresh_tail(tb_shm_ring_t *r)
+{
+    uint64_t t = atomic_load_explicit(&r->ctrl->tail, memory_order_acquire);
+
+    if (t - r->tail > r->head - r->tail) {
+        r->broken = true;
+        return false;
+    }
+    r->tail = t;
+    return true;
+}
+
+tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len)
+{
+    uint64_t need = rec_bytes(len), off, room_to_end, pad = 0;
+    tb_wire_erec_t *rec;
+
+    if (r->broken || len > tb_shm_ring_max_record(r)) {
+        return NULL;
+    }
+    off = r->head & (r->size - 1);
+    room_to_end = r->size - off;
+    if (need > room_to_end) {
+        pad = room_to_end;
+    }
+    if (r->head + pad + need - r->tail > r->size) {
+        if (!refresh_tail(r) || r->head + pad + need - r->tail > r->size) {
+            return NULL;
+        }
+    }
+    if (pad) {
+        rec = (tb_wire_erec_t *) (r->data + off);
+        memset(rec, 0, REC_HDR);
+        rec->len = tb_wire_le32((uint32_t) (pad - REC_HDR));
+        rec->type = TB_EREC_PAD;
+        r->head += pad;
+        off = 0;
+    }
+    rec = (tb_wire_erec_t *) (r->data + off);
+    memset(rec, 0, REC_HDR);
+    rec->len = tb_wire_le32((uint32_t) len);
+    r->pending = need;
+    return rec;
+}
+
+bool tb_shm_ring_commit(tb_shm_ring_t *r)
+{
+    r->head += r->pending;
+    r->pending = 0;
+    atomic_store_explicit(&r->ctrl->head, r->head, memory_order_seq_cst);
+    return 0 != atomic_load_explicit(&r->ctrl->waiting, memory_order_seq_cst);
+}
+
+void tb_shm_ring_cancel(tb_shm_ring_t *r)
+{
+    /* A PAD already written stays: it is published with the next commit. */
+    r->pending = 0;
+}
+
+bool tb_shm_ring_drained(tb_shm_ring_t *r)
+{
+    return refresh_tail(r) && r->tail == r->head;
+}
+
+bool tb_shm_ring_readable(tb_shm_ring_t *r)
+{
+    return !r->broken && atomic_load_explicit(&r->ctrl->head, memory_order_acquire) != r->cursor;
+}
+
+void tb_shm_ring_set_waiting(tb_shm_ring_t *r, bool waiting)
+{
+    atomic_store_explicit(&r->ctrl->waiting, waiting ? 1u : 0u, memory_order_seq_cst);
+}
+
+const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *end)
+{
+    for (;;) {
+        uint64_t h, avail, off, total;
+
+        if (r->broken) {
+            return NULL;
+        }
+        h = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
+        if (h - r->cursor > r->size || 0 != (h & (TB_WIRE_EREC_ALIGN - 1))) {
+            r->broken = true;
+            return NULL;
+        }
+        r->head = h;
+        avail = h - r->cursor;
+        if (0 == avail) {
+            return NULL;
+        }
+        off = r->cursor & (r->size - 1);
+        /* One read of the header: the producer cannot change what is checked. */
+        memcpy(hdr, r->data + off, REC_HDR);
+        hdr->len = tb_wire_le32(hdr->len);
+        total = rec_bytes(hdr->len);
+        if (avail < REC_HDR || total > avail || total > r->size - off) {
+            r->broken = true;
+            return NULL;
+        }
+        r->cursor += total;
+        if (TB_EREC_PAD == hdr->type) {
+            if (off + total != r->size) {
+                r->broken = true;
+                return NULL;
+            }
+            if (r->tail == r->cursor - total) {
+                tb_shm_ring_release_to(r, r->cursor);
+            }
+            continue;
+        }
+        hdr->vpid = tb_wire_le32(hdr->vpid);
+        hdr->link = tb_wire_le16(hdr->link);
+        *end = r->cursor;
+        return r->data + off + REC_HDR;
+    }
+}
+
+void tb_shm_ring_rewind(tb_shm_ring_t *r, uint64_t pos)
+{
+    r->cursor = pos;
+}
+
+void tb_shm_ring_release_to(tb_shm_ring_t *r, uint64_t end)
+{
+    if (end - r->tail <= r->cursor - r->tail) {
+        r->tail = end;
+        atomic_store_explicit(&r->ctrl->tail, end, memory_order_release);
+    }
+}
+
+uint64_t tb_shm_ring_consumed(tb_shm_ring_t *r)
+{
+    (void) refresh_tail(r);
+    return r->tail;
+}

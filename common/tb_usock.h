@@ -1,0 +1,34 @@
+/*
+ * tbrdma common layer: the Unix socket between a rank and its host's engine,
+ * and the private directory that holds it.
+ */
+#ifndef TB_USOCK_H
+#define TB_USOCK_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Create dir (mode 0700) if missing, and check that it is a directory (not a
+ * link) owned by this user with no access for others.  0, or -1 with the
+ * reason in err. */
+int tb_usock_private_dir(const char *dir, char *err, size_t errlen);
+
+/* A listening socket at path (which must not exist), non-blocking,
+ * close-on-exec.  The fd, or -1 with errno. */
+int tb_usock_listen(const char *path);
+
+/* Connect to path (blocking, close-on-exec).  The fd, or -1 with errno. */
+int tb_usock_connect(const char *path);
+
+/* Send len bytes and, if fd >= 0, that descriptor; blocking.  0 or -1. */
+int tb_usock_send(int sock, const void *buf, size_t len, int fd);
+
+/* Receive exactly len bytes (blocking, at most timeout_ms) and, if fd is not
+ * NULL, one descriptor sent with them (-1 if none).  0, or -1 with errno
+ * (ECONNRESET when the other side closed, ETIMEDOUT). */
+int tb_usock_recv(int sock, void *buf, size_t len, int *fd, int timeout_ms);
+
+/* The user and process at the other end of a connected socket.  0 or -1. */
+int tb_usock_peer(int sock, uid_t *uid, pid_t *pid);
+
+#endif /* TB_USOCK_H */
