@@ -1,0 +1,578 @@
+/*
+ * tbrdma common layer: a rank's side of the host engine (see tb_eclient.h).
+ */
+#define _GNU_SOURCE
+#include "tb_eclient.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb_engine.h"
+#include "tb_random.h"
+#include "tb_shm_ring.h"
+#include "tb_usock.h"
+
+struct tb_eclient {
+    int fd;
+    void *seg;
+    size_t seg_len;
+    tb_shm_ring_t tx; /* to the engine */
+    tb_shm_ring_t rx; /* from the engine */
+    tb_wire_eattach_reply_t info;
+    char dir[400];
+    bool lost;
+    uint64_t last_check_ns;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long) (ms % 1000) * 1000000L};
+
+    nanosleep(&ts, NULL);
+}
+
+/* The job's key: read it, or create it when this rank is the first. */
+static int job_key(const char *dir, uint8_t *key, char *err, size_t errlen)
+{
+    char path[512];
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        n = read(fd, key, TB_WIRE_SECRET_SIZE);
+        close(fd);
+        if (TB_WIRE_SECRET_SIZE == n) {
+            return 0;
+        }
+        (void) unlink(path);
+    }
+    if (0 != tb_random_bytes(key, TB_WIRE_SECRET_SIZE)) {
+        snprintf(err, errlen, "no random source for the job's key: %s", strerror(errno));
+        return -1;
+    }
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || TB_WIRE_SECRET_SIZE != write(fd, key, TB_WIRE_SECRET_SIZE)) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* Start the engine detached from this rank (its own session, not a child),
+ * its output in the job's directory.  Everything the child needs is built
+ * before fork(): only async-signal-safe calls follow it. */
+static int spawn_engine(const tb_eclient_params_t *p, const char *dir, char *err, size_t errlen)
+{
+    char *argv[64], dirarg[512], logpath[512];
+    int argc = 0, logfd, nullfd, status;
+    pid_t pid;
+
+    if (0 != access(p->engine_path, X_OK)) {
+        snprintf(err, errlen, "cannot run the engine %s: %s (set btl_tbrdma_engine_path, or "
+                 "install tbrdma with 'make install')", p->engine_path, strerror(errno));
+        return -1;
+    }
+    snprintf(dirarg, sizeof(dirarg), "%s", dir);
+    argv[argc++] = (char *) p->engine_path;
+    argv[argc++] = "--dir";
+    argv[argc++] = dirarg;
+    for (int i = 0; p->engine_args && p->engine_args[i] && argc < 62; ++i) {
+        argv[argc++] = p->engine_args[i];
+    }
+    argv[argc] = NULL;
+    snprintf(logpath, sizeof(logpath), "%s/engine.log", dir);
+    logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (logfd < 0 || nullfd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", logpath, strerror(errno));
+        goto fail;
+    }
+    pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "cannot start the engine: fork: %s", strerror(errno));
+        goto fail;
+    }
+    if (0 == pid) {
+        /* Not the rank's child: a second fork, in a session of its own,
+         * so it outlives the rank and its signals. */
+        (void) setsid();
+        if (0 != fork()) {
+            _exit(0);
+        }
+        (void) dup2(nullfd, 0);
+        (void) dup2(logfd, 1);
+        (void) dup2(logfd, 2);
+        for (int fd = 3; fd < 4096; ++fd) {
+            (void) close(fd);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    (void) waitpid(pid, &status, 0);
+    close(logfd);
+    close(nullfd);
+    return 0;
+
+fail:
+    if (logfd >= 0) {
+        close(logfd);
+    }
+    if (nullfd >= 0) {
+        close(nullfd);
+    }
+    return -1;
+}
+
+/* The engine's last words, for a start that failed. */
+static void engine_log_tail(const char *dir, char *buf, size_t len)
+{
+    char path[512];
+    FILE *f;
+    long size;
+    size_t n;
+
+    buf[0] = '\0';
+    snprintf(path, sizeof(path), "%s/engine.log", dir);
+    f = fopen(path, "r");
+    if (NULL == f) {
+        return;
+    }
+    (void) fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    (void) fseek(f, size > (long) len - 1 ? size - (long) len + 1 : 0, SEEK_SET);
+    n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    while (n > 0 && '\n' == buf[n - 1]) {
+        buf[--n] = '\0';
+    }
+    fclose(f);
+}
+
+/* Connect to the engine, starting it if this rank is the first: under the
+ * directory's lock, so one rank starts it and the others wait for it. */
+static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *key, char *err,
+                       size_t errlen)
+{
+    uint64_t deadline = now_ns() + p->timeout_ns;
+    char path[512], sock[512], tail[300];
+    bool spawned = false;
+    int lock, fd = -1;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
+    snprintf(sock, sizeof(sock), "%s/%s", dir, TB_ENGINE_SOCKET);
+    lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (0 != flock(lock, LOCK_EX | LOCK_NB)) {
+        if (now_ns() > deadline) {
+            snprintf(err, errlen, "timed out waiting for another rank to start the engine "
+                     "(lock %s)", path);
+            close(lock);
+            return -1;
+        }
+        sleep_ms(5);
+    }
+    if (0 != job_key(dir, key, err, errlen)) {
+        goto out;
+    }
+    for (;;) {
+        fd = tb_usock_connect(sock);
+        if (fd >= 0) {
+            break;
+        }
+        if (!spawned) {
+            /* Nobody listens: a dead engine's socket, or none yet. */
+            (void) unlink(sock);
+            if (0 != spawn_engine(p, dir, err, errlen)) {
+                goto out;
+            }
+            spawned = true;
+        }
+        if (now_ns() > deadline) {
+            engine_log_tail(dir, tail, sizeof(tail));
+            snprintf(err, errlen, "the engine did not start within %llu s%s%s",
+                     (unsigned long long) (p->timeout_ns / 1000000000ull),
+                     tail[0] ? ": " : " (no output)", tail);
+            goto out;
+        }
+        sleep_ms(5);
+    }
+out:
+    flock(lock, LOCK_UN);
+    close(lock);
+    return fd;
+}
+
+static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t errlen)
+{
+    char name[64];
+    int fd;
+
+    c->seg_len = tb_shm_ring_segment_size(ring_size);
+    snprintf(name, sizeof(name), "/tbrdma-%d-%llx", (int) getpid(),
+             (unsigned long long) tb_random64());
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create shared memory for the engine (shm_open): %s",
+                 strerror(errno));
+        return -1;
+    }
+    /* Unnamed at once: nothing is left behind, whatever happens to us. */
+    (void) shm_unlink(name);
+    if (0 != ftruncate(fd, (off_t) c->seg_len)) {
+        snprintf(err, errlen, "cannot size %zu bytes of shared memory for the engine: %s",
+                 c->seg_len, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    c->seg = mmap(NULL, c->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (MAP_FAILED == c->seg) {
+        c->seg = NULL;
+        snprintf(err, errlen, "cannot map shared memory for the engine: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    tb_shm_ring_attach(&c->tx, c->seg, ring_size, 0, true);
+    tb_shm_ring_attach(&c->rx, c->seg, ring_size, 1, true);
+    return fd;
+}
+
+int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *err, size_t errlen)
+{
+    const char *tmp = (p->tmpdir && p->tmpdir[0]) ? p->tmpdir : "/tmp";
+    tb_eclient_t *c = calloc(1, sizeof(*c));
+    tb_wire_eattach_t req;
+    uint8_t key[TB_WIRE_SECRET_SIZE];
+    char base[300];
+    int shm = -1, rc = TB_ECLIENT_ERROR;
+
+    if (NULL == c) {
+        snprintf(err, errlen, "out of memory");
+        return TB_ECLIENT_ERROR;
+    }
+    c->fd = -1;
+    if (!tb_shm_ring_size_ok(p->ring_size) || p->ring_size < TB_ENGINE_MIN_RING) {
+        snprintf(err, errlen, "btl_tbrdma_engine_ring_size = %llu must be a power of two from "
+                 "%u to %u", (unsigned long long) p->ring_size, TB_ENGINE_MIN_RING,
+                 TB_SHM_RING_MAX);
+        goto fail;
+    }
+    /* A Unix socket's path is short (104 bytes on macOS): a long TMPDIR
+     * gives way to /tmp. */
+    snprintf(c->dir, sizeof(c->dir), "%s/tbrdma-%u/%s@%.40s", tmp, (unsigned) getuid(), p->job,
+             p->host);
+    if (strlen(c->dir) + sizeof("/" TB_ENGINE_SOCKET ".1234567") > 100) {
+        tmp = "/tmp";
+        snprintf(c->dir, sizeof(c->dir), "/tmp/tbrdma-%u/%s@%.40s", (unsigned) getuid(), p->job,
+                 p->host);
+    }
+    snprintf(base, sizeof(base), "%s/tbrdma-%u", tmp, (unsigned) getuid());
+    if (0 != tb_usock_private_dir(base, err, errlen)
+        || 0 != tb_usock_private_dir(c->dir, err, errlen)) {
+        goto fail;
+    }
+    c->fd = find_engine(p, c->dir, key, err, errlen);
+    if (c->fd < 0) {
+        goto fail;
+    }
+    shm = make_segment(c, p->ring_size, err, errlen);
+    if (shm < 0) {
+        goto fail;
+    }
+    memset(&req, 0, sizeof(req));
+    req.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
+    req.version = TB_WIRE_ENGINE_VERSION;
+    req.vpid = tb_wire_le32(p->vpid);
+    req.pid = tb_wire_le32((uint32_t) getpid());
+    req.ring_size = tb_wire_le64(p->ring_size);
+    memcpy(req.key, key, sizeof(req.key));
+    if (0 != tb_usock_send(c->fd, &req, sizeof(req), shm)
+        || 0 != tb_usock_recv(c->fd, &c->info, sizeof(c->info), NULL,
+                              (int) (p->timeout_ns / 1000000u))) {
+        snprintf(err, errlen, "the engine (socket %s/%s) did not answer the attach: %s", c->dir,
+                 TB_ENGINE_SOCKET, strerror(errno));
+        goto fail;
+    }
+    close(shm);
+    shm = -1;
+    c->info.why[sizeof(c->info.why) - 1] = '\0';
+    if (TB_WIRE_ENGINE_MAGIC != tb_wire_le32(c->info.magic)
+        || TB_WIRE_ENGINE_VERSION != c->info.version) {
+        snprintf(err, errlen, "the engine at %s is of another tbrdma version", c->dir);
+        goto fail;
+    }
+    if (TB_EATTACH_NODEV == c->info.status) {
+        snprintf(err, errlen, "%s", c->info.why);
+        rc = TB_ECLIENT_NODEV;
+        goto fail;
+    }
+    if (TB_EATTACH_OK != c->info.status || 0 == c->info.ndevices
+        || c->info.ndevices > TB_WIRE_ENGINE_MAX_DEVICES) {
+        snprintf(err, errlen, "the engine refused this rank: %s",
+                 c->info.why[0] ? c->info.why : "no reason given");
+        goto fail;
+    }
+    for (unsigned i = 0; i < c->info.ndevices; ++i) {
+        c->info.devices[i].name[sizeof(c->info.devices[i].name) - 1] = '\0';
+        c->info.devices[i].netdev[sizeof(c->info.devices[i].netdev) - 1] = '\0';
+    }
+    (void) fcntl(c->fd, F_SETFL, O_NONBLOCK);
+    *out = c;
+    return TB_ECLIENT_OK;
+
+fail:
+    if (shm >= 0) {
+        close(shm);
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    if (c->seg) {
+        munmap(c->seg, c->seg_len);
+    }
+    free(c);
+    return rc;
+}
+
+const tb_wire_eattach_reply_t *tb_eclient_info(const tb_eclient_t *c)
+{
+    return &c->info;
+}
+
+const char *tb_eclient_dir(const tb_eclient_t *c)
+{
+    return c->dir;
+}
+
+bool tb_eclient_alive(const tb_eclient_t *c)
+{
+    return !c->lost;
+}
+
+static void ring_doorbell(tb_eclient_t *c)
+{
+    char b = 1;
+
+    (void) send(c->fd, &b, 1, MSG_DONTWAIT
+#if defined(MSG_NOSIGNAL)
+                                  | MSG_NOSIGNAL
+#endif
+    );
+}
+
+static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
+                      const struct iovec *iov, int iovcnt)
+{
+    tb_wire_erec_t *rec;
+    size_t len = 0;
+    uint8_t *dst;
+
+    if (c->lost) {
+        return -EPIPE;
+    }
+    for (int i = 0; i < iovcnt; ++i) {
+        len += iov[i].iov_len;
+    }
+    if (len > TB_ENGINE_MAX_MSG) {
+        return -EMSGSIZE;
+    }
+    rec = tb_shm_ring_reserve(&c->tx, len);
+    if (NULL == rec) {
+        return c->tx.broken ? -EPIPE : -EAGAIN;
+    }
+    rec->type = type;
+    rec->tag = tag;
+    rec->link = tb_wire_le16(link);
+    rec->vpid = tb_wire_le32(vpid);
+    dst = (uint8_t *) (rec + 1);
+    for (int i = 0; i < iovcnt; ++i) {
+        memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+        dst += iov[i].iov_len;
+    }
+    if (tb_shm_ring_commit(&c->tx)) {
+        ring_doorbell(c);
+    }
+    return 0;
+}
+
+int tb_eclient_route(tb_eclient_t *c, uint16_t route, const tb_wire_eroute_t *rt)
+{
+    struct iovec iov = {.iov_base = (void *) rt, .iov_len = sizeof(*rt)};
+
+    return put_record(c, TB_EREC_ROUTE, 0, route, 0, &iov, 1);
+}
+
+int tb_eclient_jobkey(tb_eclient_t *c, const uint8_t *key)
+{
+    struct iovec iov = {.iov_base = (void *) key, .iov_len = TB_WIRE_SECRET_SIZE};
+
+    return put_record(c, TB_EREC_JOBKEY, 0, 0, 0, &iov, 1);
+}
+
+int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
+                     const struct iovec *iov, int iovcnt)
+{
+    return put_record(c, TB_EREC_SEND, tag, route, dst, iov, iovcnt);
+}
+
+void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
+                            size_t len)
+{
+    tb_wire_erec_t *rec;
+
+    if (c->lost || len > TB_ENGINE_MAX_MSG) {
+        return NULL;
+    }
+    rec = tb_shm_ring_reserve(&c->tx, len);
+    if (NULL == rec) {
+        return NULL;
+    }
+    rec->type = TB_EREC_SEND;
+    rec->tag = tag;
+    rec->link = tb_wire_le16(route);
+    rec->vpid = tb_wire_le32(dst);
+    return rec + 1;
+}
+
+void tb_eclient_send_commit(tb_eclient_t *c)
+{
+    if (tb_shm_ring_commit(&c->tx)) {
+        ring_doorbell(c);
+    }
+}
+
+void tb_eclient_send_cancel(tb_eclient_t *c)
+{
+    tb_shm_ring_cancel(&c->tx);
+}
+
+static void lose(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *ctx, const char *why)
+{
+    if (c->lost) {
+        return;
+    }
+    c->lost = true;
+    h->engine_lost(ctx, why);
+}
+
+/* The engine's socket closes only when it exits. */
+static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *ctx)
+{
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+    char buf[16];
+    char why[600];
+
+    if (poll(&pfd, 1, 0) <= 0) {
+        return;
+    }
+    if (0 == recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT)) {
+        snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %u) exited or was "
+                 "killed; its log, if any: %s/engine.log",
+                 (unsigned) tb_wire_le32(c->info.engine_pid), c->dir);
+        lose(c, h, ctx, why);
+        /* Nobody else will: the next job must find no dead socket. */
+        snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
+        (void) unlink(why);
+    }
+}
+
+int tb_eclient_progress(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *ctx, uint64_t now,
+                        int max)
+{
+    tb_wire_erec_t rec;
+    const uint8_t *p;
+    uint64_t end;
+    char why[256];
+    int n = 0;
+
+    if (c->lost) {
+        return 0;
+    }
+    if (now - c->last_check_ns >= 10000000ull) {
+        c->last_check_ns = now;
+        check_engine(c, h, ctx);
+        if (c->lost) {
+            return 1;
+        }
+    }
+    while (n < max && NULL != (p = tb_shm_ring_next(&c->rx, &rec, &end))) {
+        switch (rec.type) {
+        case TB_EREC_RECV:
+            h->recv(ctx, rec.link, rec.vpid, rec.tag, p, rec.len);
+            break;
+        case TB_EREC_PEER:
+            if (sizeof(tb_wire_epeer_t) == rec.len) {
+                tb_wire_epeer_t info;
+                memcpy(&info, p, sizeof(info));
+                h->peer(ctx, rec.link, &info);
+            }
+            break;
+        case TB_EREC_GONE:
+        case TB_EREC_DOWN:
+            snprintf(why, sizeof(why), "%.*s", (int) (rec.len < 255 ? rec.len : 255),
+                     (const char *) p);
+            if (TB_EREC_GONE == rec.type) {
+                h->gone(ctx, rec.link, rec.vpid, why);
+            } else {
+                h->down(ctx, rec.link, 0 != rec.tag, why);
+            }
+            break;
+        default:
+            break;
+        }
+        tb_shm_ring_release_to(&c->rx, end);
+        ++n;
+    }
+    if (c->rx.broken) {
+        lose(c, h, ctx, "the tbrdma engine of this host broke the ring protocol");
+    }
+    return n;
+}
+
+void tb_eclient_detach(tb_eclient_t *c)
+{
+    if (NULL == c) {
+        return;
+    }
+    if (!c->lost) {
+        uint64_t end = now_ns() + 1000000000ull;
+        /* BYE must get into the ring: the engine reads it before the close. */
+        while (0 != put_record(c, TB_EREC_BYE, 0, 0, 0, NULL, 0) && now_ns() < end
+               && !c->tx.broken) {
+            sleep_ms(1);
+        }
+        ring_doorbell(c);
+    }
+    close(c->fd);
+    munmap(c->seg, c->seg_len);
+    free(c);
+}

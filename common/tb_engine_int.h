@@ -1,0 +1,194 @@
+/*
+ * tbrdma common layer: the host engine's internals, shared by tb_engine.c
+ * (loop, attach, ranks) and tb_engine_peer.c (devices, other engines).
+ */
+#ifndef TB_ENGINE_INT_H
+#define TB_ENGINE_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tb_cm.h"
+#include "tb_device.h"
+#include "tb_domain.h"
+#include "tb_engine.h"
+#include "tb_shm_ring.h"
+#include "tb_wire.h"
+
+#define ENG_MAX_RANKS 64
+#define ENG_MAX_PEERS 256
+#define ENG_MAX_ROUTES 4096
+#define ENG_TXQ 1024
+/* The largest vpid the engine keeps credit for (a job of 4M processes). */
+#define ENG_MAX_VPID (1u << 22)
+
+/* What a channel completion cookie points at. */
+enum {
+    ENG_COOKIE_TX = 1,  /* a rank's record sent from its ring */
+    ENG_COOKIE_MSG = 2, /* an eng_msg_t the engine owns */
+};
+
+typedef struct eng_rank eng_rank_t;
+typedef struct eng_peer eng_peer_t;
+
+/* A rank's SEND in flight in a channel, straight from its ring. */
+typedef struct eng_txrec {
+    int kind;
+    bool done;
+    eng_rank_t *rank;
+    uint64_t end;       /* the record's end in the ring */
+    tb_wire_emsg_t hdr; /* what precedes its payload on the channel */
+} eng_txrec_t;
+
+/* A RECV in a rank's ring, for credit: bytes from peer, ending at end. */
+typedef struct eng_rxrec {
+    uint64_t end;
+    uint16_t peer;
+    uint32_t bytes;
+} eng_rxrec_t;
+
+/* A message the engine holds: a record waiting for room in a rank's ring, a
+ * rank's message waiting for credit (data = header and payload), or a
+ * control message in a channel. */
+typedef struct eng_msg {
+    int kind;
+    struct eng_msg *next;
+    uint8_t type;
+    uint8_t tag;
+    uint16_t link;
+    uint32_t vpid; /* record: the source; waiting for credit: the destination */
+    int src_slot;  /* waiting for credit: the sending rank's slot, -1 once it left */
+    size_t len;
+    uint8_t data[];
+} eng_msg_t;
+
+typedef enum {
+    ENG_RANK_FREE = 0,
+    ENG_RANK_ATTACHED,
+    ENG_RANK_DEAD,  /* left or failed; freed once its socket and sends are done */
+    ENG_RANK_NODEV, /* attached only to learn there is no device */
+} eng_rank_state_t;
+
+struct eng_rank {
+    tb_engine_t *e;
+    unsigned slot;
+    int state;
+    int fd;
+    uint32_t vpid;
+    pid_t pid;
+    void *seg;
+    size_t seg_len;
+    tb_shm_ring_t tx; /* rank -> engine */
+    tb_shm_ring_t rx; /* engine -> rank */
+    int16_t *routes;  /* the rank's route number -> peer index, -1 */
+    eng_txrec_t txq[ENG_TXQ];
+    unsigned txq_first, txq_len;
+    eng_rxrec_t *rxq;
+    unsigned rxq_first, rxq_len, rxq_cap;
+    eng_msg_t *ovf_head, *ovf_tail; /* records waiting for room in rx */
+    uint64_t ovf_bytes;
+    uint64_t held_bytes; /* its messages waiting for credit */
+    uint8_t announced[ENG_MAX_PEERS / 8];
+    bool bye;
+};
+
+typedef enum {
+    ENG_PEER_IDLE = 0,
+    ENG_PEER_CONNECTING,
+    ENG_PEER_CONNECTED,
+    ENG_PEER_FAILED,
+    ENG_PEER_CLOSED,
+} eng_peer_state_t;
+
+struct eng_peer {
+    tb_engine_t *e;
+    unsigned idx;
+    unsigned dev;
+    uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
+    int state;
+    tb_conn_t *conn;
+    bool known; /* a rank told where it is (ipv4, port, gid) */
+    bool want_dial;
+    bool destroy;
+    uint32_t ipv4;
+    uint16_t port;
+    uint8_t gid[16];
+    /* Per destination vpid: bytes in flight, messages waiting, and a mark
+     * for the scan of the waiting list. */
+    uint32_t *used, *nwait, *blocked;
+    uint32_t nvpid;
+    uint32_t scan_gen;
+    bool credit_changed;
+    eng_msg_t *wait_head, *wait_tail;
+    uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
+    bool ret_pending;
+};
+
+typedef struct eng_dev {
+    tb_engine_t *e;
+    unsigned idx;
+    tb_device_t *dev;
+    tb_domain_t *dom;
+    tb_cm_t *cm;
+    uint16_t port;
+} eng_dev_t;
+
+struct tb_engine {
+    tb_engine_params_t p;
+    uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
+    uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
+    uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
+    bool have_key;
+    tb_device_list_t devlist;
+    bool devlist_open;
+    unsigned ndev;
+    eng_dev_t devs[TB_WIRE_ENGINE_MAX_DEVICES];
+    char nodev_why[200];
+    uint32_t max_record;
+    int listen_fd;
+    char sock_path[512];
+    eng_rank_t ranks[ENG_MAX_RANKS];
+    unsigned nranks;
+    bool ever_attached;
+    bool finished; /* every rank left: the job is over on this host */
+    uint64_t last_detach_ns;
+    eng_peer_t *peers[ENG_MAX_PEERS];
+    unsigned npeers;
+};
+
+uint64_t tb_eng_now(void);
+
+/* tb_engine.c: ranks. */
+eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid);
+void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
+                      const void *a, size_t alen, const void *b, size_t blen);
+void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p);
+void tb_eng_rank_fail(eng_rank_t *r, const char *why);
+eng_txrec_t *tb_eng_txq_push(eng_rank_t *r, uint64_t end);
+void tb_eng_txq_pop_last(eng_rank_t *r);
+eng_msg_t *tb_eng_msg_new(uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid, const void *a,
+                          size_t alen, const void *b, size_t blen);
+void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end);
+void tb_eng_tx_done(eng_txrec_t *t);
+
+/* tb_engine_peer.c: devices and other engines. */
+int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen);
+void tb_eng_devices_close(tb_engine_t *e);
+int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
+eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id);
+void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
+void tb_eng_peer_dial(eng_peer_t *p);
+void tb_eng_peers_dial_waiting(tb_engine_t *e);
+/* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */
+int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
+                uint64_t end);
+int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
+void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
+void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why);
+size_t tb_eng_peers_unacked(tb_engine_t *e);
+unsigned tb_eng_peers_open(tb_engine_t *e);
+void tb_eng_peers_close(tb_engine_t *e);
+void tb_eng_peers_destroy(tb_engine_t *e);
+
+#endif /* TB_ENGINE_INT_H */

@@ -1,0 +1,793 @@
+/*
+ * tbrdma common layer: the host engine's devices and its links to other
+ * engines (see tb_engine.h): one reliable channel per pair of hosts per
+ * cable, set up through the connection manager on the cable's address with
+ * the job's key, and the per-destination credit that keeps one slow rank
+ * from holding back everyone else's traffic.
+ */
+#include "tb_engine_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb_log.h"
+#include "tb_namefilter.h"
+#include "tb_random.h"
+
+/* ---- devices ------------------------------------------------------------- */
+
+static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
+static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
+                     tb_wire_addr_t *local, void **user);
+static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer,
+                    const char *why);
+
+int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
+{
+    const tb_tunables_t *t = &e->p.tunables;
+    tb_namefilter_t filter;
+    uint8_t secret[TB_WIRE_SECRET_SIZE];
+
+    if (0 != tb_namefilter_parse(&filter, t->if_include, t->if_exclude, why, whylen)) {
+        return -1;
+    }
+    if (0 != tb_device_list_open(&e->devlist, t->verbs_library, &filter, why, whylen)) {
+        return -1;
+    }
+    e->devlist_open = true;
+    /* Until a rank gives the job's key, no exchange can be proven. */
+    if (0 != tb_random_bytes(secret, sizeof(secret))) {
+        snprintf(why, whylen, "no random source: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < e->devlist.count && e->ndev < TB_WIRE_ENGINE_MAX_DEVICES; ++i) {
+        tb_device_t *dev = &e->devlist.devices[i];
+        eng_dev_t *d = &e->devs[e->ndev];
+        tb_cm_callbacks_t cb = {.ctx = d,
+                                .peer_secret = cm_peer_secret,
+                                .accept = cm_accept,
+                                .done = cm_done};
+        tb_domain_params_t dp;
+        tb_cm_params_t cp;
+        char ip[INET_ADDRSTRLEN];
+
+        if (!dev->usable) {
+            continue;
+        }
+        tb_domain_params_default(&dp);
+        dp.qp_budget = TB_APPLE_MAX_QP;
+        if (0 != tb_domain_create(&e->devlist.verbs, dev, &dp, &d->dom)) {
+            TB_WARN("not using %s: it cannot be opened for traffic (details above)", dev->name);
+            continue;
+        }
+        inet_ntop(AF_INET, &dev->ipv4, ip, sizeof(ip));
+        memset(&cp, 0, sizeof(cp));
+        cp.bind_ip = ip;
+        cp.id = e->id;
+        cp.id_len = sizeof(e->id);
+        cp.secret = secret;
+        cp.timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
+        cp.max_sessions = 256;
+        if (TB_CM_OK != tb_cm_create(&cp, &cb, &d->cm)) {
+            TB_WARN("not using %s: cannot listen for connections on %s", dev->name, ip);
+            tb_domain_destroy(d->dom);
+            d->dom = NULL;
+            continue;
+        }
+        d->e = e;
+        d->idx = e->ndev;
+        d->dev = dev;
+        d->port = tb_cm_port(d->cm);
+        e->ndev++;
+    }
+    if (0 == e->ndev) {
+        snprintf(why, whylen,
+                 0 == e->devlist.count
+                     ? "no RDMA device%s (on a Mac: macOS 26.2 or later, RDMA enabled with "
+                       "'rdma_ctl enable' in Recovery, and a Thunderbolt 5 cable)"
+                     : "no RDMA device is usable%s; run with --mca btl_base_verbose 20 to see why",
+                 filter.count ? " passes btl_tbrdma_if_include/if_exclude" : "");
+        return -1;
+    }
+    return 0;
+}
+
+void tb_eng_devices_close(tb_engine_t *e)
+{
+    for (unsigned d = 0; d < e->ndev; ++d) {
+        tb_cm_destroy(e->devs[d].cm);
+        tb_domain_destroy(e->devs[d].dom);
+    }
+    e->ndev = 0;
+    if (e->devlist_open) {
+        tb_device_list_close(&e->devlist);
+        e->devlist_open = false;
+    }
+}
+
+int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
+{
+    int n = 0;
+
+    for (unsigned d = 0; d < e->ndev; ++d) {
+        int m = tb_domain_progress(e->devs[d].dom, now);
+        n += tb_cm_progress(e->devs[d].cm, now) + (m > 0 ? m : 0);
+    }
+    return n;
+}
+
+/* ---- peers --------------------------------------------------------------- */
+
+static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len);
+static void chan_send_done(void *ctx, void *cookie, int status);
+static void chan_error(void *ctx, int status, const char *why);
+
+eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id)
+{
+    eng_peer_t *p;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        p = e->peers[i];
+        if (p->dev == dev && 0 == memcmp(p->id, id, sizeof(p->id))) {
+            return p;
+        }
+    }
+    if (e->npeers == ENG_MAX_PEERS) {
+        return NULL;
+    }
+    p = calloc(1, sizeof(*p));
+    if (NULL == p) {
+        return NULL;
+    }
+    p->e = e;
+    p->idx = e->npeers;
+    p->dev = dev;
+    memcpy(p->id, id, sizeof(p->id));
+    e->peers[e->npeers++] = p;
+    return p;
+}
+
+void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt)
+{
+    if (p->known) {
+        return;
+    }
+    p->known = true;
+    p->ipv4 = rt->ipv4;
+    p->port = tb_wire_le16(rt->cm_port);
+    memcpy(p->gid, rt->gid, sizeof(p->gid));
+}
+
+static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
+{
+    char ip[INET_ADDRSTRLEN];
+    struct in_addr a = {.s_addr = p->ipv4};
+
+    inet_ntop(AF_INET, &a, ip, sizeof(ip));
+    snprintf(buf, len, "%s (%s) to %s", p->e->devs[p->dev].dev->name,
+             p->e->devs[p->dev].dev->netdev, p->known ? ip : "a peer engine");
+}
+
+/* Drop what waits for credit (to dst, or everything when dst is NULL). */
+static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
+{
+    eng_msg_t **pp = &p->wait_head, *m;
+
+    p->wait_tail = NULL;
+    while ((m = *pp)) {
+        if (dst && m->vpid != *dst) {
+            p->wait_tail = m;
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        if (m->src_slot >= 0) {
+            p->e->ranks[m->src_slot].held_bytes -= m->len - sizeof(tb_wire_emsg_t);
+        }
+        if (m->vpid < p->nvpid) {
+            p->nwait[m->vpid]--;
+        }
+        free(m);
+    }
+}
+
+/* The channel to p is gone: tell every rank, drop what waited. */
+static void peer_fail(eng_peer_t *p, int status, const char *why)
+{
+    tb_engine_t *e = p->e;
+    bool closed = TB_CHAN_ECLOSED == status;
+    char text[240], where[160];
+
+    if (ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        return;
+    }
+    p->state = closed ? ENG_PEER_CLOSED : ENG_PEER_FAILED;
+    peer_addr(p, where, sizeof(where));
+    snprintf(text, sizeof(text), "%s over %s", why, where);
+    if (!closed) {
+        TB_WARN("lost the engine at the other end of %s: %s", where, why);
+    }
+    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+        eng_rank_t *r = &e->ranks[i];
+        if (ENG_RANK_ATTACHED == r->state) {
+            tb_eng_rank_announce(r, p);
+            tb_eng_rank_post(r, TB_EREC_DOWN, closed ? 1 : 0, (uint16_t) p->idx, 0, text,
+                             strlen(text), NULL, 0);
+        }
+    }
+    drop_waiting(p, NULL);
+    p->destroy = NULL != p->conn;
+}
+
+static void channel_params(tb_engine_t *e, tb_channel_params_t *c)
+{
+    const tb_tunables_t *t = &e->p.tunables;
+
+    tb_channel_params_default(c);
+    c->nlanes = (unsigned) t->lanes;
+    c->frame_size[0] = t->small_frame_size;
+    c->frame_size[1] = t->bulk_frame_size;
+    for (unsigned l = 0; l < TB_WIRE_MAX_LANES; ++l) {
+        c->recv_depth[l] = (unsigned) t->recv_depth;
+    }
+    c->recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
+    c->payload_crc = TB_CHECKSUM_FULL == t->checksum;
+    c->rto_min_ns = (uint64_t) t->rto_min_us * 1000u;
+    if (c->rto_max_ns < c->rto_min_ns) {
+        c->rto_max_ns = c->rto_min_ns;
+    }
+    c->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
+    c->max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
+}
+
+static int peer_make_conn(eng_peer_t *p)
+{
+    tb_channel_callbacks_t cb = {
+        .ctx = p, .recv = chan_recv, .send_done = chan_send_done, .error = chan_error};
+    tb_channel_params_t params;
+    int rc;
+
+    channel_params(p->e, &params);
+    rc = tb_conn_create(p->e->devs[p->dev].dom, &params, &cb, &p->conn);
+    if (0 != rc) {
+        p->conn = NULL;
+        peer_fail(p, TB_CHAN_ENOMEM,
+                  -EBUSY == rc ? "the device's queue pairs are used up" : strerror(-rc));
+        return -1;
+    }
+    p->state = ENG_PEER_CONNECTING;
+    p->credit_changed = true;
+    return 0;
+}
+
+void tb_eng_peer_dial(eng_peer_t *p)
+{
+    tb_engine_t *e = p->e;
+    tb_wire_addr_t local;
+    char ip[INET_ADDRSTRLEN];
+    struct in_addr a = {.s_addr = p->ipv4};
+    int rc;
+
+    if (ENG_PEER_IDLE != p->state || !p->known) {
+        return;
+    }
+    if (!e->have_key) {
+        p->want_dial = true;
+        return;
+    }
+    p->want_dial = false;
+    if (0 != peer_make_conn(p)) {
+        return;
+    }
+    tb_conn_local_addr(p->conn, &local);
+    inet_ntop(AF_INET, &a, ip, sizeof(ip));
+    rc = tb_cm_connect(e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p,
+                       tb_eng_now());
+    if (TB_CM_OK != rc) {
+        peer_fail(p, TB_CHAN_ELINK, tb_cm_strerror(rc));
+    }
+}
+
+void tb_eng_peers_dial_waiting(tb_engine_t *e)
+{
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        if (e->peers[i]->want_dial) {
+            tb_eng_peer_dial(e->peers[i]);
+        }
+    }
+}
+
+static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
+{
+    eng_dev_t *d = ctx;
+
+    (void) peer_id;
+    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !d->e->have_key) {
+        return -1;
+    }
+    memcpy(secret, d->e->job_key, TB_WIRE_SECRET_SIZE);
+    return 0;
+}
+
+static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
+                     tb_wire_addr_t *local, void **user)
+{
+    eng_dev_t *d = ctx;
+    eng_peer_t *p;
+
+    if (TB_WIRE_ENGINE_ID_SIZE != id_len) {
+        return -1;
+    }
+    p = tb_eng_peer_for(d->e, d->idx, peer_id);
+    if (NULL == p || ENG_PEER_IDLE != p->state
+        || (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid)))) {
+        return -1;
+    }
+    if (0 != peer_make_conn(p)) {
+        return -1;
+    }
+    tb_conn_local_addr(p->conn, local);
+    *user = p;
+    return 0;
+}
+
+static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer,
+                    const char *why)
+{
+    eng_peer_t *p = user;
+    int rc;
+
+    (void) ctx;
+    if (TB_CM_OK != status) {
+        peer_fail(p, TB_CHAN_ELINK, why);
+        return;
+    }
+    if (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid))) {
+        peer_fail(p, TB_CHAN_EPROTO, "its queue-pair address is not on the device it published");
+        return;
+    }
+    rc = tb_conn_connect(p->conn, peer, tb_eng_now());
+    if (TB_CHAN_OK != rc) {
+        peer_fail(p, rc, tb_channel_strerror(rc));
+        return;
+    }
+    p->state = ENG_PEER_CONNECTED;
+    TB_INFO("connected to engine %02x%02x%02x%02x over %s", p->id[0], p->id[1], p->id[2],
+            p->id[3], p->e->devs[p->dev].dev->name);
+}
+
+/* ---- credit -------------------------------------------------------------- */
+
+static int vpid_room(eng_peer_t *p, uint32_t vpid)
+{
+    uint32_t n;
+
+    if (vpid < p->nvpid) {
+        return 0;
+    }
+    if (vpid >= ENG_MAX_VPID) {
+        return -1;
+    }
+    n = p->nvpid ? p->nvpid : 64;
+    while (n <= vpid) {
+        n *= 2;
+    }
+    uint32_t *u = realloc(p->used, n * sizeof(*u));
+    if (u) {
+        p->used = u;
+    }
+    uint32_t *w = realloc(p->nwait, n * sizeof(*w));
+    if (w) {
+        p->nwait = w;
+    }
+    uint32_t *b = realloc(p->blocked, n * sizeof(*b));
+    if (b) {
+        p->blocked = b;
+    }
+    if (!u || !w || !b) {
+        return -1;
+    }
+    memset(p->used + p->nvpid, 0, (n - p->nvpid) * sizeof(*u));
+    memset(p->nwait + p->nvpid, 0, (n - p->nvpid) * sizeof(*w));
+    memset(p->blocked + p->nvpid, 0, (n - p->nvpid) * sizeof(*b));
+    p->nvpid = n;
+    return 0;
+}
+
+/* One message may always be in flight, whatever its size. */
+static bool credit_ok(const eng_peer_t *p, uint32_t dst, size_t len)
+{
+    return 0 == p->used[dst] || p->used[dst] + len <= p->e->p.credit_window;
+}
+
+static tb_channel_t *peer_channel(eng_peer_t *p)
+{
+    return p->conn ? tb_conn_channel(p->conn) : NULL;
+}
+
+/* A control message (CREDIT, GONE): true once queued. */
+static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
+                      const char *text)
+{
+    tb_channel_t *ch = peer_channel(p);
+    tb_wire_emsg_t h;
+    size_t tlen = text ? strlen(text) : 0;
+    eng_msg_t *m;
+    void *slot;
+
+    if (NULL == ch || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        return true;
+    }
+    memset(&h, 0, sizeof(h));
+    h.src = tb_wire_le32(src);
+    h.dst = tb_wire_le32(dst);
+    h.credit = tb_wire_le32(credit);
+    slot = tb_channel_send_begin(ch, tag, sizeof(h) + tlen);
+    if (slot) {
+        memcpy(slot, &h, sizeof(h));
+        if (tlen) {
+            memcpy((uint8_t *) slot + sizeof(h), text, tlen);
+        }
+        (void) tb_channel_send_commit(ch);
+        return true;
+    }
+    m = tb_eng_msg_new(0, tag, 0, dst, &h, sizeof(h), text, tlen);
+    if (NULL == m) {
+        return false;
+    }
+    if (TB_CHAN_OK != tb_channel_send(ch, tag, m->data, m->len, m)) {
+        free(m);
+        return false;
+    }
+    return true;
+}
+
+/* ---- sending --------------------------------------------------------------- */
+
+static void hold(eng_peer_t *p, eng_rank_t *r, const tb_wire_emsg_t *h, const void *payload,
+                 size_t len)
+{
+    uint32_t dst = tb_wire_le32(h->dst);
+    eng_msg_t *m = tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
+
+    if (NULL == m) {
+        tb_eng_rank_fail(r, "out of memory holding its message");
+        return;
+    }
+    m->src_slot = (int) r->slot;
+    if (p->wait_tail) {
+        p->wait_tail->next = m;
+    } else {
+        p->wait_head = m;
+    }
+    p->wait_tail = m;
+    p->nwait[dst]++;
+    p->credit_changed = true;
+    r->held_bytes += len;
+}
+
+int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
+                uint64_t end)
+{
+    tb_engine_t *e = r->e;
+    int16_t pi = r->routes[h->link];
+    eng_txrec_t *t;
+    eng_peer_t *p;
+    tb_channel_t *ch;
+    tb_wire_emsg_t em;
+    struct iovec iov[2];
+    void *slot;
+    int rc;
+
+    (void) start;
+    if (pi < 0) {
+        return -1;
+    }
+    p = e->peers[pi];
+    if (ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        /* Dropped: the rank was told the peer is gone. */
+        tb_eng_tx_consumed(r, end);
+        return 1;
+    }
+    if (0 != vpid_room(p, h->vpid)) {
+        tb_eng_rank_fail(r, "out of memory, or a destination beyond any job's size");
+        return 1;
+    }
+    memset(&em, 0, sizeof(em));
+    em.src = tb_wire_le32(r->vpid);
+    em.dst = tb_wire_le32(h->vpid);
+    em.tag = h->tag;
+    if (p->nwait[h->vpid] || !credit_ok(p, h->vpid, h->len) || NULL == (ch = peer_channel(p))) {
+        hold(p, r, &em, payload, h->len);
+        tb_eng_tx_consumed(r, end);
+        return 1;
+    }
+    slot = tb_channel_send_begin(ch, TB_ETAG_DATA, sizeof(em) + h->len);
+    if (slot) {
+        memcpy(slot, &em, sizeof(em));
+        memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
+        rc = tb_channel_send_commit(ch);
+        if (TB_CHAN_OK == rc) {
+            p->used[h->vpid] += h->len;
+        }
+        tb_eng_tx_consumed(r, end);
+        return 1;
+    }
+    t = tb_eng_txq_push(r, end);
+    t->hdr = em;
+    iov[0].iov_base = &t->hdr;
+    iov[0].iov_len = sizeof(t->hdr);
+    iov[1].iov_base = (void *) payload;
+    iov[1].iov_len = h->len;
+    rc = tb_channel_sendv(ch, TB_ETAG_DATA, iov, 2, t);
+    if (TB_CHAN_EAGAIN == rc || TB_CHAN_ENOMEM == rc) {
+        tb_eng_txq_pop_last(r);
+        return 0;
+    }
+    if (TB_CHAN_OK != rc) {
+        tb_eng_tx_done(t);
+        return 1;
+    }
+    p->used[h->vpid] += h->len;
+    return 1;
+}
+
+/* What waited for credit, in order per destination. */
+static int send_waiting(eng_peer_t *p)
+{
+    tb_channel_t *ch = peer_channel(p);
+    eng_msg_t **pp = &p->wait_head, *m, *prev = NULL;
+    int n = 0;
+
+    if (NULL == ch || NULL == p->wait_head || !p->credit_changed
+        || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        return 0;
+    }
+    p->credit_changed = false;
+    p->scan_gen++;
+    while ((m = *pp)) {
+        uint32_t dst = m->vpid;
+        size_t len = m->len - sizeof(tb_wire_emsg_t);
+        if (p->blocked[dst] == p->scan_gen || !credit_ok(p, dst, len)) {
+            p->blocked[dst] = p->scan_gen;
+            prev = m;
+            pp = &m->next;
+            continue;
+        }
+        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m)) {
+            p->credit_changed = true;
+            break;
+        }
+        *pp = m->next;
+        if (p->wait_tail == m) {
+            p->wait_tail = prev;
+        }
+        p->used[dst] += (uint32_t) len;
+        p->nwait[dst]--;
+        if (m->src_slot >= 0) {
+            p->e->ranks[m->src_slot].held_bytes -= len;
+        }
+        m->src_slot = -1;
+        ++n;
+    }
+    return n;
+}
+
+/* Credit owed to the sending engine for what local ranks consumed: sent
+ * when a quarter window has gathered, or when the rank has read everything. */
+static int return_credit(eng_peer_t *p)
+{
+    tb_engine_t *e = p->e;
+    bool still = false;
+    int n = 0;
+
+    if (!p->ret_pending) {
+        return 0;
+    }
+    for (unsigned s = 0; s < ENG_MAX_RANKS; ++s) {
+        eng_rank_t *r = &e->ranks[s];
+        if (0 == p->ret[s]) {
+            continue;
+        }
+        if (ENG_RANK_ATTACHED != r->state) {
+            p->ret[s] = 0;
+            continue;
+        }
+        if (p->ret[s] < e->p.credit_window / 4 && 0 != r->rxq_len) {
+            still = true;
+            continue;
+        }
+        if (send_ctrl(p, TB_ETAG_CREDIT, 0, r->vpid, (uint32_t) p->ret[s], NULL)) {
+            p->ret[s] = 0;
+            ++n;
+        } else {
+            still = true;
+        }
+    }
+    p->ret_pending = still;
+    return n;
+}
+
+int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
+{
+    int n = 0;
+
+    (void) now;
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (p->destroy) {
+            /* Outside the channel's callbacks: the channel may go now. */
+            p->destroy = false;
+            tb_conn_destroy(p->conn);
+            p->conn = NULL;
+            ++n;
+            continue;
+        }
+        n += send_waiting(p);
+        n += return_credit(p);
+    }
+    return n;
+}
+
+/* ---- receiving ------------------------------------------------------------- */
+
+static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
+{
+    eng_peer_t *p = ctx;
+    tb_engine_t *e = p->e;
+    tb_wire_emsg_t h;
+    const uint8_t *payload = (const uint8_t *) data + sizeof(h);
+    size_t plen = len - sizeof(h);
+    char why[201];
+    eng_rank_t *r;
+    uint32_t src, dst;
+
+    if (len < sizeof(h)) {
+        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "short engine message");
+        peer_fail(p, TB_CHAN_EPROTO, "it sent a malformed message");
+        return;
+    }
+    memcpy(&h, data, sizeof(h));
+    src = tb_wire_le32(h.src);
+    dst = tb_wire_le32(h.dst);
+    switch (tag) {
+    case TB_ETAG_DATA:
+        r = tb_eng_find_rank(e, dst);
+        if (NULL == r) {
+            /* The rank left or died; its senders learn it from GONE. */
+            return;
+        }
+        tb_eng_rank_announce(r, p);
+        tb_eng_rank_post(r, TB_EREC_RECV, h.tag, (uint16_t) p->idx, src, payload, plen, NULL, 0);
+        return;
+    case TB_ETAG_CREDIT:
+        if (dst < p->nvpid) {
+            uint32_t c = tb_wire_le32(h.credit);
+            p->used[dst] -= c < p->used[dst] ? c : p->used[dst];
+            p->credit_changed = true;
+        }
+        return;
+    case TB_ETAG_GONE:
+        snprintf(why, sizeof(why), "%.*s", (int) (plen < 200 ? plen : 200), (const char *) payload);
+        drop_waiting(p, &src);
+        for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+            r = &e->ranks[i];
+            if (ENG_RANK_ATTACHED == r->state) {
+                tb_eng_rank_announce(r, p);
+                tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) p->idx, src, why, strlen(why),
+                                 NULL, 0);
+            }
+        }
+        return;
+    default:
+        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "unknown engine message");
+        peer_fail(p, TB_CHAN_EPROTO, "it sent a message of an unknown kind");
+        return;
+    }
+}
+
+static void chan_send_done(void *ctx, void *cookie, int status)
+{
+    int kind = *(int *) cookie;
+
+    (void) ctx;
+    (void) status;
+    if (ENG_COOKIE_TX == kind) {
+        tb_eng_tx_done(cookie);
+    } else {
+        free(cookie);
+    }
+}
+
+static void chan_error(void *ctx, int status, const char *why)
+{
+    peer_fail(ctx, status, why);
+}
+
+/* ---- ranks coming and going ---------------------------------------------- */
+
+void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
+{
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        p->ret[r->slot] = 0;
+        for (eng_msg_t *m = p->wait_head; m; m = m->next) {
+            if (m->src_slot == (int) r->slot) {
+                m->src_slot = -1;
+            }
+        }
+    }
+    r->held_bytes = 0;
+}
+
+void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why)
+{
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (ENG_PEER_CONNECTING == p->state || ENG_PEER_CONNECTED == p->state) {
+            (void) send_ctrl(p, TB_ETAG_GONE, vpid, 0, 0, why);
+        }
+    }
+}
+
+size_t tb_eng_peers_unacked(tb_engine_t *e)
+{
+    size_t n = 0;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (ENG_PEER_CONNECTED == p->state && p->conn
+            && 0 == tb_channel_status(tb_conn_channel(p->conn))) {
+            n += tb_channel_unacked(tb_conn_channel(p->conn)) + (p->wait_head ? 1 : 0);
+        }
+    }
+    return n;
+}
+
+unsigned tb_eng_peers_open(tb_engine_t *e)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        n += NULL != e->peers[i]->conn;
+    }
+    return n;
+}
+
+void tb_eng_peers_close(tb_engine_t *e)
+{
+    uint64_t end;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (p->conn && ENG_PEER_CONNECTED == p->state) {
+            p->state = ENG_PEER_CLOSED;
+            tb_channel_close(tb_conn_channel(p->conn));
+        }
+    }
+    /* Long enough for the CLOSE frames to leave. */
+    end = tb_eng_now() + 20000000ull;
+    while (tb_eng_now() < end) {
+        (void) tb_eng_devices_progress(e, tb_eng_now());
+    }
+}
+
+void tb_eng_peers_destroy(tb_engine_t *e)
+{
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (p->conn) {
+            tb_conn_destroy(p->conn);
+        }
+        drop_waiting(p, NULL);
+        free(p->used);
+        free(p->nwait);
+        free(p->blocked);
+        free(p);
+        e->peers[i] = NULL;
+    }
+    e->npeers = 0;
+}

@@ -1,0 +1,240 @@
+/*
+ * Unit tests of the host engine's pieces that run without RDMA: the rings in
+ * shared memory (including a peer that corrupts them), and attaching to an
+ * engine started on demand, which on this machine has no device and must
+ * say why to every rank, then exit and leave no socket behind.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb_eclient.h"
+#include "tb_engine.h"
+#include "tb_shm_ring.h"
+
+#define RING (64u * 1024u)
+
+static void *segment(void)
+{
+    void *seg = aligned_alloc(4096, tb_shm_ring_segment_size(RING));
+    ck_assert_ptr_nonnull(seg);
+    return seg;
+}
+
+/* Records of every size go through in order, across many wraps. */
+START_TEST(ring_order_and_wrap)
+{
+    void *seg = segment();
+    tb_shm_ring_t prod, cons;
+    uint32_t sent = 0, got = 0;
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    tb_shm_ring_attach(&cons, seg, RING, 0, false);
+    while (got < 5000) {
+        size_t len = (sent * 7919u) % 3000u;
+        tb_wire_erec_t *rec = tb_shm_ring_reserve(&prod, len + 4);
+        if (rec && sent < 5000) {
+            rec->type = TB_EREC_SEND;
+            memcpy(rec + 1, &sent, 4);
+            memset((uint8_t *) (rec + 1) + 4, (int) (sent & 0xff), len);
+            (void) tb_shm_ring_commit(&prod);
+            sent++;
+            continue;
+        }
+        /* Full (or done sending): consume a few. */
+        for (int i = 0; i < 3; ++i) {
+            tb_wire_erec_t h;
+            uint64_t end;
+            const uint8_t *p = tb_shm_ring_next(&cons, &h, &end);
+            uint32_t seq;
+            if (NULL == p) {
+                break;
+            }
+            ck_assert_int_eq(h.type, TB_EREC_SEND);
+            memcpy(&seq, p, 4);
+            ck_assert_uint_eq(seq, got);
+            ck_assert_uint_eq(h.len, (got * 7919u) % 3000u + 4);
+            for (size_t k = 4; k < h.len; ++k) {
+                ck_assert_uint_eq(p[k], got & 0xff);
+            }
+            tb_shm_ring_release_to(&cons, end);
+            got++;
+        }
+    }
+    ck_assert(!prod.broken && !cons.broken);
+    ck_assert(tb_shm_ring_drained(&prod));
+    free(seg);
+}
+END_TEST
+
+/* A record larger than a quarter ring is refused; a full ring says so. */
+START_TEST(ring_limits)
+{
+    void *seg = segment();
+    tb_shm_ring_t prod;
+    int n = 0;
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    ck_assert_ptr_null(tb_shm_ring_reserve(&prod, tb_shm_ring_max_record(&prod) + 1));
+    while (tb_shm_ring_reserve(&prod, 1000)) {
+        (void) tb_shm_ring_commit(&prod);
+        n++;
+    }
+    ck_assert_int_eq(n, RING / 1024);
+    ck_assert(!prod.broken);
+    free(seg);
+}
+END_TEST
+
+/* A producer that lies about its head or a record's length breaks the
+ * ring for the consumer, which reads nothing outside it. */
+START_TEST(ring_hostile_producer)
+{
+    void *seg = segment();
+    tb_shm_ring_t prod, cons;
+    tb_wire_erec_t h, *rec;
+    uint64_t end;
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    tb_shm_ring_attach(&cons, seg, RING, 0, false);
+    atomic_store(&prod.ctrl->head, RING * 2);
+    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
+    ck_assert(cons.broken);
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    tb_shm_ring_attach(&cons, seg, RING, 0, false);
+    rec = tb_shm_ring_reserve(&prod, 16);
+    (void) tb_shm_ring_commit(&prod);
+    rec->len = RING; /* after the commit: the consumer reads it once */
+    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
+    ck_assert(cons.broken);
+
+    /* A PAD that does not reach the ring's end. */
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    tb_shm_ring_attach(&cons, seg, RING, 0, false);
+    rec = tb_shm_ring_reserve(&prod, 16);
+    rec->type = TB_EREC_PAD;
+    (void) tb_shm_ring_commit(&prod);
+    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
+    ck_assert(cons.broken);
+    free(seg);
+}
+END_TEST
+
+/* A consumer that moves its tail past the head breaks the ring for the
+ * producer, which then writes nothing. */
+START_TEST(ring_hostile_consumer)
+{
+    void *seg = segment();
+    tb_shm_ring_t prod;
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    while (tb_shm_ring_reserve(&prod, 0)) {
+        (void) tb_shm_ring_commit(&prod);
+    }
+    atomic_store(&prod.ctrl->tail, prod.head + 4096);
+    ck_assert_ptr_null(tb_shm_ring_reserve(&prod, 16));
+    ck_assert(prod.broken);
+    free(seg);
+}
+END_TEST
+
+static char tmpdir[256];
+
+static void make_tmpdir(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/tbchk.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void params(tb_eclient_params_t *p, const char *job, uint32_t vpid, char **args)
+{
+    memset(p, 0, sizeof(*p));
+    p->tmpdir = tmpdir;
+    p->job = job;
+    p->host = "unit";
+    p->vpid = vpid;
+    p->ring_size = TB_ENGINE_MIN_RING;
+    p->engine_path = TB_ENGINE_BUILD_PATH;
+    p->engine_args = args;
+    p->timeout_ns = 10000000000ull;
+}
+
+/* Without a device the engine starts, tells every rank why, and goes,
+ * removing the job's directory. */
+START_TEST(attach_no_device)
+{
+    static char *args[] = {"--verbs-library", "/nonexistent/libibverbs.so", NULL};
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    char err[512], sock[512];
+    struct stat st;
+    int rc;
+
+    make_tmpdir();
+    for (uint32_t vpid = 0; vpid < 3; ++vpid) {
+        params(&p, "job1", vpid, args);
+        rc = tb_eclient_attach(&p, &c, err, sizeof(err));
+        ck_assert_int_eq(rc, TB_ECLIENT_NODEV);
+        ck_assert_msg(NULL != strstr(err, "/nonexistent/libibverbs.so"), "why: %s", err);
+    }
+    /* Every rank left: the engine exits and leaves nothing behind. */
+    snprintf(sock, sizeof(sock), "%s/tbrdma-%u/job1@unit", tmpdir, (unsigned) getuid());
+    for (int i = 0; i < 500 && 0 == stat(sock, &st); ++i) {
+        usleep(10000);
+    }
+    ck_assert_msg(0 != stat(sock, &st), "%s still exists", sock);
+}
+END_TEST
+
+/* A directory others can enter is refused, and so is a missing engine. */
+START_TEST(attach_refusals)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    char err[512], dir[300];
+
+    make_tmpdir();
+    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    params(&p, "job2", 0, NULL);
+    ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "not a private directory"), "why: %s", err);
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    params(&p, "job2", 0, NULL);
+    p.engine_path = "/nonexistent/tbrdma-engine";
+    ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "/nonexistent/tbrdma-engine"), "why: %s", err);
+    params(&p, "job2", 0, NULL);
+    p.ring_size = TB_ENGINE_MIN_RING + 1;
+    ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "power of two"), "why: %s", err);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("engine");
+    SRunner *sr;
+    int failed;
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, ring_order_and_wrap);
+    tcase_add_test(tc, ring_limits);
+    tcase_add_test(tc, ring_hostile_producer);
+    tcase_add_test(tc, ring_hostile_consumer);
+    tcase_add_test(tc, attach_no_device);
+    tcase_add_test(tc, attach_refusals);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
