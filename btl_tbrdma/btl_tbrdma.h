@@ -24,6 +24,8 @@
 #include "tb_cm.h"
 #include "tb_modex.h"
 #include "tb_domain.h"
+#include "tb_eclient.h"
+#include "tb_engine.h"
 #include "tb_tunables.h"
 
 BEGIN_C_DECLS
@@ -69,6 +71,11 @@ struct mca_btl_base_endpoint_t {
     opal_list_t rma_deferred; /* replies the channel could not take yet, in order */
     uint64_t rma_progress_ns; /* the latest answer (or the first request since none waited) */
     uint64_t next_rma_id;
+    /* Through the host engine: the route number this endpoint's messages
+     * name, and the engine behind the peer (from its modex entry). */
+    uint16_t route;
+    bool route_sent;
+    uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
 OBJ_CLASS_DECLARATION(mca_btl_base_endpoint_t);
@@ -85,6 +92,10 @@ struct mca_btl_tbrdma_module_t {
     mca_btl_base_module_error_cb_fn_t error_cb;
     uint64_t last_rma_check_ns;
 };
+
+/* Links (other engines) and routes a process keeps through its engine. */
+#define TBRDMA_ENGINE_MAX_LINKS 256
+#define TBRDMA_ENGINE_MAX_ROUTES 4096
 
 typedef struct mca_btl_tbrdma_component_t {
     mca_btl_base_component_t super;
@@ -118,7 +129,39 @@ typedef struct mca_btl_tbrdma_component_t {
     uint8_t cm_secret[TB_WIRE_SECRET_SIZE];
     uint32_t job_size; /* 0: unknown */
     uint64_t last_drop_warn_ns;
+
+    /* The path: this process's own queue pairs, or the host engine's. */
+    int path_param; /* btl_tbrdma_path: TBRDMA_PATH_* */
+    bool use_engine;
+    char *engine_path;
+    int engine_ring_size;
+    uint32_t engine_peer_timeout_ms;
+    uint32_t engine_credit_window;
+    int engine_verbose;
+    tb_eclient_t *engine;
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    bool engine_key_sent;
+    unsigned next_route;
+    /* Sends through the engine are complete once in the ring; ob1 hears it
+     * from progress. */
+    struct tbrdma_completion {
+        mca_btl_base_endpoint_t *ep;
+        void *cookie;
+    } *completions;
+    size_t ncompletions, completions_cap;
+    /* The engine's links, as it announced them. */
+    struct {
+        bool known;
+        int dev;
+        uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    } links[TBRDMA_ENGINE_MAX_LINKS];
 } mca_btl_tbrdma_component_t;
+
+enum {
+    TBRDMA_PATH_AUTO = 0,   /* the engine when the host's ranks would not fit the devices */
+    TBRDMA_PATH_DIRECT = 1, /* each process its own queue pairs */
+    TBRDMA_PATH_ENGINE = 2, /* always the host engine */
+};
 
 /* Largest single put or get: the channel assembles it whole, so it is kept
  * well under the channel's message limit. */
@@ -126,6 +169,10 @@ typedef struct mca_btl_tbrdma_component_t {
 /* The largest message this process agrees to receive: a put of
  * TBRDMA_RMA_LIMIT with its header (max_send_size is checked against it). */
 #define TBRDMA_MAX_MSG (TBRDMA_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE)
+/* Through the engine a message is at most TB_ENGINE_MAX_MSG bytes. */
+#define TBRDMA_ENGINE_RMA_LIMIT (512u << 10)
+_Static_assert(TBRDMA_ENGINE_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE <= TB_ENGINE_MAX_MSG,
+               "a put through the engine fits one message");
 /* The slowest a peer's answers to puts and gets may come (bytes/s) before
  * the peer counts as not answering (mca_btl_tbrdma_rma_overdue). */
 #define TBRDMA_RMA_MIN_RATE 1000000u
@@ -166,6 +213,7 @@ uint64_t mca_btl_tbrdma_now_ns(void);
 /* Endpoints and connections (btl_tbrdma_endpoint.c). */
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
                                                         opal_proc_t *proc,
+                                                        const tb_wire_modex_t *peer_mx,
                                                         const tb_wire_modex_dev_t *peer_dev);
 void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *endpoint);
 /* Queue a message to the peer, connecting first if needed.  OPAL_SUCCESS
@@ -214,6 +262,17 @@ void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint);
 /* Fail the endpoint (peer gone, protocol violation): pending work ends with
  * an error and ob1 is told. */
 void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *endpoint, const char *why);
+
+/* The path through the host engine (btl_tbrdma_engine.c). */
+int mca_btl_tbrdma_engine_start(char *err, size_t errlen);
+void mca_btl_tbrdma_engine_stop(void);
+uint16_t mca_btl_tbrdma_engine_port(int index);
+int mca_btl_tbrdma_engine_progress(uint64_t now);
+int mca_btl_tbrdma_engine_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
+                               const struct iovec *iov, int iovcnt, void *cookie);
+void *mca_btl_tbrdma_engine_send_begin(mca_btl_base_endpoint_t *endpoint, uint8_t tag, size_t len);
+void mca_btl_tbrdma_engine_send_commit(void);
+void mca_btl_tbrdma_engine_send_cancel(void);
 
 END_C_DECLS
 

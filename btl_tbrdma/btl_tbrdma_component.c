@@ -47,6 +47,13 @@ mca_btl_tbrdma_component_t mca_btl_tbrdma_component = {
         },
 };
 
+static const mca_base_var_enum_value_t path_values[] = {
+    {TBRDMA_PATH_AUTO, "auto"},
+    {TBRDMA_PATH_DIRECT, "direct"},
+    {TBRDMA_PATH_ENGINE, "engine"},
+    {0, NULL},
+};
+
 static const mca_base_var_enum_value_t checksum_values[] = {
     {TB_CHECKSUM_FULL, "full"},
     {TB_CHECKSUM_HEADER, "header"},
@@ -81,7 +88,7 @@ static int tbrdma_component_register(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     mca_btl_base_module_t *m = &mca_btl_tbrdma_module_template.super;
-    mca_base_var_enum_t *checksum_enum = NULL;
+    mca_base_var_enum_t *checksum_enum = NULL, *path_enum = NULL;
     tb_tunables_t *t = &c->tunables;
 
     tb_tunables_defaults(t);
@@ -141,6 +148,46 @@ static int tbrdma_component_register(void)
                   "Floor, in microseconds, of the retransmit timeout of an unacknowledged "
                   "frame (the timeout follows the measured round trip and doubles on each retry)",
                   OPAL_INFO_LVL_6, &t->rto_min_us);
+    c->path_param = TBRDMA_PATH_AUTO;
+    if (OPAL_SUCCESS == mca_base_var_enum_create("btl_tbrdma_path", path_values, &path_enum)) {
+        (void) mca_base_component_var_register(
+            &c->super.btl_version, "path",
+            "Who owns the queue pairs: \"direct\" (each process its own: one connection per "
+            "pair of processes, which fits Apple's 10 queue pairs per device only with one or "
+            "two processes per host), \"engine\" (one engine process per host and job owns the "
+            "devices; the host's processes reach it through shared memory), or \"auto\" (the "
+            "engine when more than two processes of the job share a host)",
+            MCA_BASE_VAR_TYPE_INT, path_enum, 0, 0, OPAL_INFO_LVL_3, MCA_BASE_VAR_SCOPE_READONLY,
+            &c->path_param);
+        OBJ_RELEASE(path_enum);
+    }
+    c->engine_path = TB_ENGINE_PATH;
+    register_string("engine_path",
+                    "The tbrdma-engine program the first process of a job on a host starts "
+                    "(default: where make install put it)",
+                    OPAL_INFO_LVL_5, &c->engine_path);
+    c->engine_ring_size = 8 << 20;
+    register_int("engine_ring_size",
+                 "Bytes of shared memory in each direction between a process and its host's "
+                 "engine (a power of two, 4 MiB to 256 MiB)",
+                 OPAL_INFO_LVL_5, &c->engine_ring_size);
+    c->engine_peer_timeout_ms = 5000;
+    register_uint("engine_peer_timeout",
+                  "Milliseconds without any answer after which the host engine declares the "
+                  "engine across a cable (its host, or the cable) dead and the job is told; the "
+                  "engines answer whatever the processes are doing",
+                  OPAL_INFO_LVL_4, &c->engine_peer_timeout_ms);
+    c->engine_credit_window = 4u << 20;
+    register_uint("engine_credit_window",
+                  "Bytes the host engine keeps in flight to one process on another host; more "
+                  "waits at the sender, so a process that stops reading holds back only what is "
+                  "sent to it",
+                  OPAL_INFO_LVL_6, &c->engine_credit_window);
+    c->engine_verbose = TB_LOG_WARN;
+    register_int("engine_verbose",
+                 "What the host engine writes to engine.log in the job's directory: 0 errors, "
+                 "1 warnings, 2 information, 3 debugging",
+                 OPAL_INFO_LVL_9, &c->engine_verbose);
     if (OPAL_SUCCESS ==
         mca_base_var_enum_create("btl_tbrdma_checksum", checksum_values, &checksum_enum)) {
         (void) mca_base_component_var_register(&c->super.btl_version, "checksum",
@@ -226,6 +273,9 @@ static int tbrdma_component_close(void)
     free(c->modules);
     c->modules = NULL;
     c->num_modules = 0;
+    if (c->engine) {
+        mca_btl_tbrdma_engine_stop();
+    }
     tb_device_list_close(&c->devices);
     tb_log_set_sink(NULL, NULL, TB_LOG_WARN);
     return OPAL_SUCCESS;
@@ -238,6 +288,9 @@ static int tbrdma_component_progress(void)
     int i, n = 0;
 
     OPAL_THREAD_LOCK(&c->lock);
+    if (c->engine) {
+        n += mca_btl_tbrdma_engine_progress(now);
+    }
     for (i = 0; i < c->num_modules; ++i) {
         n += mca_btl_tbrdma_module_progress(c->modules[i], now);
     }
@@ -260,7 +313,11 @@ static int publish_modex(void)
     mx->magic = tb_wire_le32(TB_WIRE_MODEX_MAGIC);
     mx->version = TB_WIRE_MODEX_VERSION;
     mx->ndevices = (uint8_t) c->num_modules;
+    mx->path = c->use_engine ? TB_MODEX_PATH_ENGINE : TB_MODEX_PATH_DIRECT;
     memcpy(mx->cm_secret, c->cm_secret, sizeof(mx->cm_secret));
+    if (c->use_engine) {
+        memcpy(mx->engine_id, c->engine_id, sizeof(mx->engine_id));
+    }
     for (i = 0; i < c->num_modules; ++i) {
         const tb_device_t *dev = c->modules[i]->device;
         mx->devices[i].ipv4 = dev->ipv4.s_addr;
@@ -427,23 +484,40 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         }
         return NULL;
     }
-    (void) tb_namefilter_parse(&filter, c->tunables.if_include, c->tunables.if_exclude, err,
-                               sizeof(err));
-    if (0 !=
-        tb_device_list_open(&c->devices, c->tunables.verbs_library, &filter, err, sizeof(err))) {
-        report_no_device(err);
-        return NULL;
-    }
-    usable = tb_device_list_usable_count(&c->devices);
-    if (0 == usable) {
-        snprintf(err, sizeof(err),
-                 0 == c->devices.count
-                     ? "no RDMA device%s (on a Mac: macOS 26.2 or later, RDMA enabled with "
-                       "'rdma_ctl enable' in Recovery, and a Thunderbolt 5 cable)"
-                     : "no RDMA device is usable%s; run with --mca btl_base_verbose 20 to see why",
-                 filter.count ? " passes btl_tbrdma_if_include/if_exclude" : "");
-        report_no_device(err);
-        goto close;
+    c->use_engine = TBRDMA_PATH_ENGINE == c->path_param
+                    || (TBRDMA_PATH_AUTO == c->path_param
+                        && opal_process_info.num_local_peers + 1 > 2);
+    if (c->use_engine) {
+        int rc = mca_btl_tbrdma_engine_start(err, sizeof(err));
+        if (TB_ECLIENT_NODEV == rc) {
+            report_no_device(err);
+            return NULL;
+        }
+        if (TB_ECLIENT_OK != rc) {
+            mca_btl_tbrdma_show_help("engine failed", opal_process_info.nodename, err);
+            return NULL;
+        }
+        usable = c->devices.count;
+    } else {
+        (void) tb_namefilter_parse(&filter, c->tunables.if_include, c->tunables.if_exclude, err,
+                                   sizeof(err));
+        if (0 != tb_device_list_open(&c->devices, c->tunables.verbs_library, &filter, err,
+                                     sizeof(err))) {
+            report_no_device(err);
+            return NULL;
+        }
+        usable = tb_device_list_usable_count(&c->devices);
+        if (0 == usable) {
+            snprintf(err, sizeof(err),
+                     0 == c->devices.count
+                         ? "no RDMA device%s (on a Mac: macOS 26.2 or later, RDMA enabled with "
+                           "'rdma_ctl enable' in Recovery, and a Thunderbolt 5 cable)"
+                         : "no RDMA device is usable%s; run with --mca btl_base_verbose 20 to "
+                           "see why",
+                     filter.count ? " passes btl_tbrdma_if_include/if_exclude" : "");
+            report_no_device(err);
+            goto close;
+        }
     }
 
     if (OPAL_SUCCESS != start_component(err, sizeof(err))) {
@@ -469,7 +543,13 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         }
         *module = mca_btl_tbrdma_module_template;
         module->device = &c->devices.devices[i];
-        module->index = c->num_modules;
+        /* Through the engine, the index is the engine's device number. */
+        module->index = c->use_engine ? i : c->num_modules;
+        if (c->use_engine) {
+            module->super.btl_put_limit = TBRDMA_ENGINE_RMA_LIMIT;
+            module->super.btl_get_limit = TBRDMA_ENGINE_RMA_LIMIT;
+            module->super.btl_rdma_pipeline_frag_size = TBRDMA_ENGINE_RMA_LIMIT;
+        }
         if (OPAL_SUCCESS != mca_btl_tbrdma_module_start(module, err, sizeof(err))) {
             opal_output(0, "btl:tbrdma on %s: not using %s: %s", opal_process_info.nodename,
                         module->device->name, err);
@@ -510,6 +590,9 @@ free_modules:
     c->modules = NULL;
     c->num_modules = 0;
 close:
+    if (c->engine) {
+        mca_btl_tbrdma_engine_stop();
+    }
     tb_device_list_close(&c->devices);
     return NULL;
 }

@@ -81,7 +81,9 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     cable_string(ep, cable, sizeof(cable));
     mca_btl_tbrdma_show_help("peer failed", opal_process_info.nodename,
                              opal_get_proc_hostname(ep->proc), cable, why);
-    tb_cm_cancel(module->cm, ep);
+    if (module->cm) {
+        tb_cm_cancel(module->cm, ep);
+    }
     if (ep->conn) {
         tb_channel_abort(tb_conn_channel(ep->conn), TB_CHAN_ECANCELED, why);
     }
@@ -206,6 +208,9 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
     if (TBRDMA_EP_FAILED == endpoint->state) {
         return OPAL_ERR_UNREACH;
     }
+    if (mca_btl_tbrdma_component.use_engine) {
+        return mca_btl_tbrdma_engine_send(endpoint, tag, iov, iovcnt, cookie);
+    }
     if (NULL == endpoint->conn) {
         rc = endpoint_start_connect(endpoint);
         if (OPAL_SUCCESS != rc) {
@@ -229,12 +234,25 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
 
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
                                                         opal_proc_t *proc,
+                                                        const tb_wire_modex_t *peer_mx,
                                                         const tb_wire_modex_dev_t *peer_dev)
 {
-    mca_btl_base_endpoint_t *ep = OBJ_NEW(mca_btl_base_endpoint_t);
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_endpoint_t *ep;
 
+    if (c->use_engine && c->next_route >= TBRDMA_ENGINE_MAX_ROUTES) {
+        opal_output(0, "btl:tbrdma on %s: more than %d peers through the engine; %s is left to "
+                    "other transports", opal_process_info.nodename, TBRDMA_ENGINE_MAX_ROUTES,
+                    opal_get_proc_hostname(proc));
+        return NULL;
+    }
+    ep = OBJ_NEW(mca_btl_base_endpoint_t);
     if (NULL == ep) {
         return NULL;
+    }
+    if (c->use_engine) {
+        ep->route = (uint16_t) c->next_route++;
+        memcpy(ep->peer_engine, peer_mx->engine_id, sizeof(ep->peer_engine));
     }
     ep->module = module;
     ep->proc = proc;
@@ -251,7 +269,9 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
 {
     mca_btl_tbrdma_module_t *module = ep->module;
 
-    tb_cm_cancel(module->cm, ep);
+    if (module->cm) {
+        tb_cm_cancel(module->cm, ep);
+    }
     if (ep->conn) {
         const tb_channel_counters_t *k = tb_channel_counters(tb_conn_channel(ep->conn));
         /* What the link carried, for tuning and for a profile's per-message counts. */
@@ -396,6 +416,13 @@ int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size
         snprintf(err, errlen, "out of memory");
         goto destruct;
     }
+    if (c->use_engine) {
+        /* The engine owns the device and listens for connections. */
+        module->domain = NULL;
+        module->cm = NULL;
+        module->cm_port = mca_btl_tbrdma_engine_port(module->index);
+        return OPAL_SUCCESS;
+    }
     tb_domain_params_default(&dp);
     dp.qp_budget = c->tunables.qps_per_device;
     rc = tb_domain_create(&c->devices.verbs, module->device, &dp, &module->domain);
@@ -437,8 +464,12 @@ void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module)
     OPAL_LIST_FOREACH_SAFE (ep, next, &module->endpoints, mca_btl_base_endpoint_t) {
         mca_btl_tbrdma_endpoint_release(ep);
     }
-    tb_cm_destroy(module->cm);
-    tb_domain_destroy(module->domain);
+    if (module->cm) {
+        tb_cm_destroy(module->cm);
+    }
+    if (module->domain) {
+        tb_domain_destroy(module->domain);
+    }
     OBJ_DESTRUCT(&module->endpoint_by_name);
     OBJ_DESTRUCT(&module->endpoints);
 }
@@ -464,9 +495,14 @@ static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
 
 int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
 {
-    int n = tb_cm_progress(module->cm, now);
-    int m = tb_domain_progress(module->domain, now);
+    int n, m;
 
+    if (NULL == module->domain) {
+        rma_progress(module, now);
+        return 0;
+    }
+    n = tb_cm_progress(module->cm, now);
+    m = tb_domain_progress(module->domain, now);
     rma_progress(module, now);
     return n + (m > 0 ? m : 0);
 }

@@ -59,6 +59,17 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     /* The peer's end of this module's cable: its one device in this cable's
      * subnet. */
     if (0 == tb_modex_check(mx, size, &why)) {
+        if ((TB_MODEX_PATH_ENGINE == mx->path) != c->use_engine) {
+            /* One side owns its queue pairs, the other's host engine does:
+             * they cannot meet. */
+            BTL_TBRDMA_VERBOSE(10, "%s: %s uses %s, this process %s: leaving it to other "
+                               "transports (set btl_tbrdma_path alike on every host)",
+                               module->device->name, opal_get_proc_hostname(proc),
+                               mx->path ? "its host's engine" : "its own queue pairs",
+                               c->use_engine ? "its host's engine" : "its own queue pairs");
+            free(mx);
+            return NULL;
+        }
         dev = tb_modex_find_cable(mx, module->device->ipv4.s_addr,
                                   module->device->netmask.s_addr);
     } else {
@@ -71,7 +82,12 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
                            opal_process_info.nodename, opal_get_proc_hostname(proc));
         return NULL;
     }
-    ep = mca_btl_tbrdma_endpoint_create(module, proc, &mx->devices[dev]);
+    ep = mca_btl_tbrdma_endpoint_create(module, proc, mx, &mx->devices[dev]);
+    if (ep) {
+        BTL_TBRDMA_VERBOSE(20, "%s reaches %s through %s", module->device->name,
+                           opal_get_proc_hostname(proc),
+                           c->use_engine ? "the host engine" : "its own queue pairs");
+    }
     free(mx);
     return ep;
 }
@@ -98,7 +114,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
      * cable, each connection taking one queue pair per lane from the
      * device's limit (shared by the whole host). */
     nreach = opal_list_get_size(&module->endpoints);
-    if ((size_t) local_procs * nreach * (size_t) c->tunables.lanes >
+    if (!c->use_engine && (size_t) local_procs * nreach * (size_t) c->tunables.lanes >
         (size_t) c->tunables.qps_per_device) {
         mca_btl_tbrdma_show_help("queue pair budget", opal_process_info.nodename,
                                  module->device->name, local_procs, (int) nreach, c->tunables.lanes,
@@ -248,6 +264,38 @@ static int sendi_direct(struct mca_btl_base_endpoint_t *endpoint,
     return rc;
 }
 
+/* The same through the host engine: straight into the ring. */
+static int sendi_engine(struct mca_btl_base_endpoint_t *endpoint,
+                        struct opal_convertor_t *convertor, void *header, size_t header_size,
+                        size_t payload_size, mca_btl_base_tag_t tag)
+{
+    unsigned char *slot;
+    int rc = OPAL_ERR_OUT_OF_RESOURCE;
+
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    slot = mca_btl_tbrdma_engine_send_begin(endpoint, tag, header_size + payload_size);
+    if (NULL != slot) {
+        memcpy(slot, header, header_size);
+        rc = OPAL_SUCCESS;
+        if (payload_size) {
+            uint32_t iov_count = 1;
+            struct iovec iov = {.iov_base = slot + header_size, .iov_len = payload_size};
+            size_t packed = payload_size;
+            if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
+                packed != payload_size) {
+                rc = OPAL_ERROR;
+            }
+        }
+        if (OPAL_SUCCESS == rc) {
+            mca_btl_tbrdma_engine_send_commit();
+        } else {
+            mca_btl_tbrdma_engine_send_cancel();
+        }
+    }
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    return rc;
+}
+
 static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *endpoint,
                         struct opal_convertor_t *convertor, void *header, size_t header_size,
                         size_t payload_size, uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
@@ -263,7 +311,12 @@ static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
     if (total > btl->btl_eager_limit || TBRDMA_EP_FAILED == endpoint->state) {
         return TBRDMA_EP_FAILED == endpoint->state ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
     }
-    if (TBRDMA_EP_CONNECTED == endpoint->state) {
+    if (mca_btl_tbrdma_component.use_engine) {
+        rc = sendi_engine(endpoint, convertor, header, header_size, payload_size, tag);
+        if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
+            return rc;
+        }
+    } else if (TBRDMA_EP_CONNECTED == endpoint->state) {
         rc = sendi_direct(endpoint, convertor, header, header_size, payload_size, tag);
         if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
             return rc;
@@ -392,7 +445,9 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
     int i;
 
     OPAL_THREAD_LOCK(&c->lock);
-    drain(module);
+    if (!c->use_engine) {
+        drain(module);
+    }
     mca_btl_tbrdma_module_stop(module);
     for (i = 0; i < c->num_modules; ++i) {
         if (c->modules[i] == module) {

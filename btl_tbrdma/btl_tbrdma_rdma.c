@@ -61,6 +61,12 @@ OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
 
 #define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
 
+/* The largest put or get this process serves: one message on its path. */
+static size_t rma_limit(void)
+{
+    return mca_btl_tbrdma_component.use_engine ? TBRDMA_ENGINE_RMA_LIMIT : TBRDMA_RMA_LIMIT;
+}
+
 static int rma_status_to_opal(int status)
 {
     return TB_RMA_OK == status ? OPAL_SUCCESS : OPAL_ERR_BAD_PARAM;
@@ -414,7 +420,7 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
                                 size_t len)
 {
     tb_rma_msg_t m;
-    int status = tb_rma_parse(tag, data, len, TBRDMA_RMA_LIMIT, &m);
+    int status = tb_rma_parse(tag, data, len, rma_limit(), &m);
     bool request = TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag;
 
     /* A malformed request with a readable header is answered, so its
@@ -443,7 +449,7 @@ void *mca_btl_tbrdma_rma_place(mca_btl_base_endpoint_t *endpoint, uint8_t tag, s
     tb_rma_msg_t m;
 
     if (TB_TAG_RMA_GET_RESP != tag
-        || TB_RMA_OK != tb_rma_parse_head(tag, head, head_len, len, TBRDMA_RMA_LIMIT, &m)
+        || TB_RMA_OK != tb_rma_parse_head(tag, head, head_len, len, rma_limit(), &m)
         || TB_RMA_OK != m.status) {
         return NULL;
     }
@@ -465,7 +471,7 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
 {
     tb_rma_msg_t m;
 
-    if (TB_RMA_OK != tb_rma_parse_head(tag, head, skip, len, TBRDMA_RMA_LIMIT, &m)) {
+    if (TB_RMA_OK != tb_rma_parse_head(tag, head, skip, len, rma_limit(), &m)) {
         mca_btl_tbrdma_endpoint_fail(endpoint, "a placed put/get answer does not parse");
         return;
     }
@@ -502,7 +508,9 @@ static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
     post_deferred(endpoint);
-    return overdue(endpoint, now);
+    /* Through the engine, liveness is the engines' business: a target that
+     * computes for long answers late, and is not dead for it. */
+    return mca_btl_tbrdma_component.use_engine ? NULL : overdue(endpoint, now);
 }
 
 void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint)
