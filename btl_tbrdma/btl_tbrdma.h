@@ -267,6 +267,7 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *endpoint, const char 
 int mca_btl_tbrdma_engine_start(char *err, size_t errlen);
 void mca_btl_tbrdma_engine_stop(void);
 uint16_t mca_btl_tbrdma_engine_port(int index);
+int mca_btl_tbrdma_engine_send_job_key(void);
 int mca_btl_tbrdma_engine_progress(uint64_t now);
 int mca_btl_tbrdma_engine_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
                                const struct iovec *iov, int iovcnt, void *cookie);

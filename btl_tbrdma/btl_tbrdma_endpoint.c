@@ -28,6 +28,9 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
     ep->conn = NULL;
     ep->state = TBRDMA_EP_IDLE;
     ep->next_rma_id = 1;
+    ep->route = 0;
+    ep->route_sent = false;
+    memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
 }
 
 static void endpoint_destruct(mca_btl_base_endpoint_t *ep)
@@ -79,7 +82,9 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     }
     ep->state = TBRDMA_EP_FAILED;
     cable_string(ep, cable, sizeof(cable));
-    mca_btl_tbrdma_show_help("peer failed", opal_process_info.nodename,
+    mca_btl_tbrdma_show_help(mca_btl_tbrdma_component.use_engine ? "peer failed engine"
+                                                                 : "peer failed",
+                             opal_process_info.nodename,
                              opal_get_proc_hostname(ep->proc), cable, why);
     if (module->cm) {
         tb_cm_cancel(module->cm, ep);

@@ -154,8 +154,10 @@ void mca_btl_tbrdma_engine_stop(void)
 }
 
 /* The engines' shared key: derived from the secret the job's first process
- * published, which only the job's processes can read. */
-static int send_job_key(void)
+ * published, which only the job's processes can read.  Given as soon as the
+ * modex is complete (add_procs), so an engine can prove itself to, and
+ * verify, the engines that call it before its own ranks send anything. */
+int mca_btl_tbrdma_engine_send_job_key(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     static const char label[] = "tbrdma engine job key";
@@ -195,7 +197,7 @@ static int ensure_route(mca_btl_base_endpoint_t *ep)
         return OPAL_SUCCESS;
     }
     if (!c->engine_key_sent) {
-        rc = send_job_key();
+        rc = mca_btl_tbrdma_engine_send_job_key();
         if (OPAL_SUCCESS != rc) {
             if (OPAL_ERR_UNREACH == rc) {
                 mca_btl_tbrdma_endpoint_fail(ep, "the job's first process published no tbrdma "

@@ -102,6 +102,9 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     size_t i, nreach;
 
     OPAL_THREAD_LOCK(&c->lock);
+    if (c->use_engine && !c->engine_key_sent) {
+        (void) mca_btl_tbrdma_engine_send_job_key();
+    }
     for (i = 0; i < nprocs; ++i) {
         peers[i] = NULL;
         if (procs[i] == opal_proc_local_get() || OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags)) {

@@ -22,6 +22,10 @@
 #define ENG_TXQ 1024
 /* The largest vpid the engine keeps credit for (a job of 4M processes). */
 #define ENG_MAX_VPID (1u << 22)
+/* Connection setup to another engine is tried this often (backing off from
+ * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
+ * job's key yet, or may be starting. */
+#define ENG_DIAL_TRIES 20
 
 /* What a channel completion cookie points at. */
 enum {
@@ -109,6 +113,8 @@ struct eng_peer {
     int state;
     tb_conn_t *conn;
     bool known; /* a rank told where it is (ipv4, port, gid) */
+    unsigned dial_tries;
+    uint64_t redial_at; /* 0, or when to dial again after a setup that failed */
     bool want_dial;
     bool destroy;
     uint32_t ipv4;

@@ -274,6 +274,7 @@ void tb_eng_peer_dial(eng_peer_t *p)
     if (ENG_PEER_IDLE != p->state || !p->known) {
         return;
     }
+    p->redial_at = 0;
     if (!e->have_key) {
         p->want_dial = true;
         return;
@@ -342,6 +343,19 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
 
     (void) ctx;
     if (TB_CM_OK != status) {
+        if (p->dial_tries < ENG_DIAL_TRIES && ENG_PEER_CONNECTING == p->state) {
+            /* Not set up yet, not failed: start over in a moment (or when
+             * the other engine calls). */
+            uint64_t wait = 50000000ull * (p->dial_tries + 1);
+            TB_INFO("connection setup to engine %02x%02x%02x%02x failed (%s); trying again",
+                    p->id[0], p->id[1], p->id[2], p->id[3], why);
+            p->dial_tries++;
+            tb_conn_destroy(p->conn);
+            p->conn = NULL;
+            p->state = ENG_PEER_IDLE;
+            p->redial_at = tb_eng_now() + (wait < 500000000ull ? wait : 500000000ull);
+            return;
+        }
         peer_fail(p, TB_CHAN_ELINK, why);
         return;
     }
@@ -615,9 +629,11 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
 {
     int n = 0;
 
-    (void) now;
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
+        if (p->redial_at && now >= p->redial_at) {
+            tb_eng_peer_dial(p);
+        }
         if (p->destroy) {
             /* Outside the channel's callbacks: the channel may go now. */
             p->destroy = false;
