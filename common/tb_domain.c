@@ -13,6 +13,7 @@
 #include "tb_random.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,8 @@ struct tb_domain {
     tb_domain_params_t p;
     struct ibv_pd *pd;
     struct ibv_cq *cq;
+    struct ibv_comp_channel *events; /* NULL: no completion events */
+    unsigned unacked_events;
     int cq_entries;
     conn_slot_t *slots; /* qp_budget entries: a connection takes at least one QP */
     int qps_used;
@@ -111,7 +114,16 @@ int tb_domain_create(tb_verbs_t *verbs, const tb_device_t *dev, const tb_domain_
         cqe = dev->limits.max_cqe;
         d->p.max_wr_per_qp = (unsigned) (cqe / params->qp_budget);
     }
-    d->cq = verbs->create_cq(dev->context, (int) cqe, NULL, NULL, 0);
+    if (params->events && verbs->create_comp_channel) {
+        d->events = verbs->create_comp_channel(dev->context);
+        if (d->events) {
+            (void) fcntl(d->events->fd, F_SETFL, fcntl(d->events->fd, F_GETFL) | O_NONBLOCK);
+        } else {
+            TB_INFO("device %s: no completion events (ibv_create_comp_channel: %s); polling",
+                    dev->name, strerror(errno));
+        }
+    }
+    d->cq = verbs->create_cq(dev->context, (int) cqe, NULL, d->events, 0);
     if (!d->cq) {
         rc = -(errno ? errno : EIO);
         TB_ERROR("device %s: ibv_create_cq(%ld entries) failed: %s; lower "
@@ -126,6 +138,9 @@ int tb_domain_create(tb_verbs_t *verbs, const tb_device_t *dev, const tb_domain_
     return 0;
 
 fail:
+    if (d->events) {
+        verbs->destroy_comp_channel(d->events);
+    }
     if (d->pd) {
         verbs->dealloc_pd(d->pd);
     }
@@ -146,9 +161,15 @@ void tb_domain_destroy(tb_domain_t *d)
             tb_conn_destroy(d->slots[i].conn);
         }
     }
+    if (d->unacked_events) {
+        d->verbs->ack_cq_events(d->cq, d->unacked_events);
+    }
     rc = d->verbs->destroy_cq(d->cq);
     if (rc != 0) {
         TB_WARN("device %s: ibv_destroy_cq failed: %s", d->dev->name, verbs_err(rc));
+    }
+    if (d->events) {
+        d->verbs->destroy_comp_channel(d->events);
     }
     rc = d->verbs->dealloc_pd(d->pd);
     if (rc != 0) {
@@ -156,6 +177,43 @@ void tb_domain_destroy(tb_domain_t *d)
     }
     free(d->slots);
     free(d);
+}
+
+int tb_domain_event_fd(const tb_domain_t *d)
+{
+    return d->events ? d->events->fd : -1;
+}
+
+int tb_domain_arm(tb_domain_t *d)
+{
+    int rc;
+
+    if (!d->events) {
+        return -ENOTSUP;
+    }
+    rc = ibv_req_notify_cq(d->cq, 0);
+    if (rc != 0) {
+        TB_WARN("device %s: ibv_req_notify_cq failed: %s", d->dev->name, verbs_err(rc));
+        return -EIO;
+    }
+    return 0;
+}
+
+void tb_domain_event_drain(tb_domain_t *d)
+{
+    struct ibv_cq *cq;
+    void *ctx;
+
+    if (!d->events) {
+        return;
+    }
+    while (0 == d->verbs->get_cq_event(d->events, &cq, &ctx)) {
+        /* Acked in batches: each ack takes a lock in the library. */
+        if (++d->unacked_events >= 64) {
+            d->verbs->ack_cq_events(d->cq, d->unacked_events);
+            d->unacked_events = 0;
+        }
+    }
 }
 
 int tb_domain_progress(tb_domain_t *d, uint64_t now_ns)

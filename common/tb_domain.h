@@ -46,6 +46,7 @@ typedef struct tb_domain_params {
     unsigned poll_batch;    /* completions taken per ibv_poll_cq call */
     unsigned poll_rounds;   /* ibv_poll_cq calls per progress call, at most */
     uint32_t max_mtu;       /* cap on the path MTU in bytes */
+    int events;             /* ask for completion events (tb_domain_event_fd) */
 } tb_domain_params_t;
 
 /* Budget 10 (Apple's per-device QP limit), 128 work requests per QP,
@@ -68,6 +69,16 @@ void tb_domain_destroy(tb_domain_t *d);
 int tb_domain_progress(tb_domain_t *d, uint64_t now_ns);
 
 const tb_device_t *tb_domain_device(const tb_domain_t *d);
+
+/* With params.events and a device that has completion events: a descriptor
+ * that becomes readable when a completion arrives after tb_domain_arm();
+ * else -1 (poll instead). */
+int tb_domain_event_fd(const tb_domain_t *d);
+/* Ask for an event at the next completion.  Then look at the CQ once more
+ * (tb_domain_progress) before sleeping: one may have come in between. */
+int tb_domain_arm(tb_domain_t *d);
+/* After the descriptor turned readable: consume its events. */
+void tb_domain_event_drain(tb_domain_t *d);
 int tb_domain_qps_used(const tb_domain_t *d);
 int tb_domain_mrs_used(const tb_domain_t *d);
 /* Completions dropped because their connection no longer exists. */

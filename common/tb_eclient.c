@@ -266,6 +266,58 @@ static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t e
     return fd;
 }
 
+/* The directories of this user's earlier jobs whose engine is gone (killed,
+ * so it could not clean up): no live socket, the lock free, the key older
+ * than a minute (a job being set up holds its lock, and its key is new). */
+static void sweep_stale(const char *base, const char *mine)
+{
+    static const char *const files[] = {TB_ENGINE_SOCKET, TB_ENGINE_KEY, "engine.log",
+                                        TB_ENGINE_LOCK};
+    char dir[600], path[700];
+    struct dirent *de;
+    struct stat st;
+    DIR *d = opendir(base);
+
+    if (NULL == d) {
+        return;
+    }
+    while (NULL != (de = readdir(d))) {
+        int lock, fd;
+        if ('.' == de->d_name[0]) {
+            continue;
+        }
+        snprintf(dir, sizeof(dir), "%s/%s", base, de->d_name);
+        if (0 == strcmp(dir, mine)) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
+        if (0 != lstat(path, &st) || time(NULL) - st.st_mtime < 60) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
+        fd = tb_usock_connect(path);
+        if (fd >= 0) {
+            close(fd);
+            continue;
+        }
+        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
+        lock = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        if (lock < 0 || 0 != flock(lock, LOCK_EX | LOCK_NB)) {
+            if (lock >= 0) {
+                close(lock);
+            }
+            continue;
+        }
+        for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
+            snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+            (void) unlink(path);
+        }
+        (void) rmdir(dir);
+        close(lock);
+    }
+    closedir(d);
+}
+
 int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *err, size_t errlen)
 {
     const char *tmp = (p->tmpdir && p->tmpdir[0]) ? p->tmpdir : "/tmp";
@@ -300,27 +352,39 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
         || 0 != tb_usock_private_dir(c->dir, err, errlen)) {
         goto fail;
     }
-    c->fd = find_engine(p, c->dir, key, err, errlen);
-    if (c->fd < 0) {
-        goto fail;
-    }
-    shm = make_segment(c, p->ring_size, err, errlen);
-    if (shm < 0) {
-        goto fail;
-    }
-    memset(&req, 0, sizeof(req));
-    req.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
-    req.version = TB_WIRE_ENGINE_VERSION;
-    req.vpid = tb_wire_le32(p->vpid);
-    req.pid = tb_wire_le32((uint32_t) getpid());
-    req.ring_size = tb_wire_le64(p->ring_size);
-    memcpy(req.key, key, sizeof(req.key));
-    if (0 != tb_usock_send(c->fd, &req, sizeof(req), shm)
-        || 0 != tb_usock_recv(c->fd, &c->info, sizeof(c->info), NULL,
-                              (int) (p->timeout_ns / 1000000u))) {
+    sweep_stale(base, c->dir);
+    /* An engine whose ranks all left exits: a rank that reached it just
+     * then finds its socket closed, and starts the next one. */
+    for (int attempt = 0;; ++attempt) {
+        c->fd = find_engine(p, c->dir, key, err, errlen);
+        if (c->fd < 0) {
+            goto fail;
+        }
+        if (shm < 0) {
+            shm = make_segment(c, p->ring_size, err, errlen);
+            if (shm < 0) {
+                goto fail;
+            }
+        }
+        memset(&req, 0, sizeof(req));
+        req.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
+        req.version = TB_WIRE_ENGINE_VERSION;
+        req.vpid = tb_wire_le32(p->vpid);
+        req.pid = tb_wire_le32((uint32_t) getpid());
+        req.ring_size = tb_wire_le64(p->ring_size);
+        memcpy(req.key, key, sizeof(req.key));
+        if (0 == tb_usock_send(c->fd, &req, sizeof(req), shm)
+            && 0 == tb_usock_recv(c->fd, &c->info, sizeof(c->info), NULL,
+                                  (int) (p->timeout_ns / 1000000u))) {
+            break;
+        }
         snprintf(err, errlen, "the engine (socket %s/%s) did not answer the attach: %s", c->dir,
                  TB_ENGINE_SOCKET, strerror(errno));
-        goto fail;
+        close(c->fd);
+        c->fd = -1;
+        if (attempt == 3 || (ECONNRESET != errno && EPIPE != errno)) {
+            goto fail;
+        }
     }
     close(shm);
     shm = -1;
@@ -495,13 +559,14 @@ static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *
         return;
     }
     if (0 == recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT)) {
+        /* Nobody else will: no dead socket must stay.  First, since the
+         * report below usually ends the process. */
+        snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
+        (void) unlink(why);
         snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %u) exited or was "
                  "killed; its log, if any: %s/engine.log",
                  (unsigned) tb_wire_le32(c->info.engine_pid), c->dir);
         lose(c, h, ctx, why);
-        /* Nobody else will: the next job must find no dead socket. */
-        snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
-        (void) unlink(why);
     }
 }
 

@@ -587,32 +587,54 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
 {
     struct pollfd fds[ENG_MAX_RANKS + 1 + TB_WIRE_ENGINE_MAX_DEVICES];
     eng_rank_t *who[ENG_MAX_RANKS + 1];
-    unsigned n = 0, i;
+    unsigned n = 0, i, nev = 0;
     int rc, work = 0;
 
-    fds[n].fd = e->listen_fd;
-    fds[n].events = POLLIN;
-    who[n++] = NULL;
+    /* Completion events of the devices first, then the sockets. */
+    for (i = 0; i < e->ndev; ++i) {
+        int fd = tb_domain_event_fd(e->devs[i].dom);
+        if (fd >= 0) {
+            fds[nev].fd = fd;
+            fds[nev++].events = POLLIN;
+        }
+    }
+    n = nev;
+    if (e->listen_fd >= 0) {
+        fds[n].fd = e->listen_fd;
+        fds[n].events = POLLIN;
+        who[n++ - nev] = NULL;
+    }
     for (i = 0; i < ENG_MAX_RANKS; ++i) {
         eng_rank_t *r = &e->ranks[i];
         if (ENG_RANK_FREE != r->state && r->fd >= 0) {
             fds[n].fd = r->fd;
             fds[n].events = POLLIN;
-            who[n++] = r;
+            who[n++ - nev] = r;
         }
     }
     rc = poll(fds, n, timeout_ms);
     if (rc <= 0) {
         return 0;
     }
-    for (i = 0; i < n; ++i) {
+    for (i = 0; i < nev; ++i) {
+        if (fds[i].revents) {
+            ++work;
+        }
+    }
+    if (work) {
+        for (i = 0; i < e->ndev; ++i) {
+            tb_domain_event_drain(e->devs[i].dom);
+        }
+    }
+    for (i = nev; i < n; ++i) {
+        eng_rank_t *r = who[i - nev];
         char buf[64];
         ssize_t got;
         if (0 == fds[i].revents) {
             continue;
         }
         ++work;
-        if (NULL == who[i]) {
+        if (NULL == r) {
             accept_rank(e);
             continue;
         }
@@ -620,8 +642,8 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         if (got == 0 || (got < 0 && EAGAIN != errno && EINTR != errno)) {
             /* The rank is gone; what it left in its ring is still read
              * (ranks_progress), and tells whether it said BYE first. */
-            close(who[i]->fd);
-            who[i]->fd = -1;
+            close(r->fd);
+            r->fd = -1;
         }
     }
     return work;
@@ -680,6 +702,35 @@ static bool rings_readable(tb_engine_t *e)
     return false;
 }
 
+/* Arm every device's completion events; true when all have them (or there
+ * is none), false when one must be polled. */
+static bool arm_devices(tb_engine_t *e)
+{
+    bool all = true;
+
+    for (unsigned d = 0; d < e->ndev; ++d) {
+        if (tb_domain_event_fd(e->devs[d].dom) < 0 || 0 != tb_domain_arm(e->devs[d].dom)) {
+            all = false;
+        }
+    }
+    e->events = all;
+    return true;
+}
+
+/* How long the engine may sleep: with completion events, until the next
+ * timer that can matter (a retransmission while data is unacknowledged, or
+ * a keepalive); without, briefly, since only polling sees incoming frames. */
+static int sleep_ms(tb_engine_t *e)
+{
+    if (0 == e->npeers && 0 == e->nranks) {
+        return 100;
+    }
+    if (!e->events || 0 == tb_eng_peers_open(e)) {
+        return e->events ? 100 : (int) ((e->p.sleep_ns + 999999u) / 1000000u);
+    }
+    return 0 != tb_eng_peers_unacked(e) ? 1 : 20;
+}
+
 int tb_engine_run(tb_engine_t *e)
 {
     uint64_t now = tb_eng_now(), last_work = now, last_sockets = 0, drain_end = 0;
@@ -706,10 +757,14 @@ int tb_engine_run(tb_engine_t *e)
                 return 0;
             }
             if (e->ever_attached) {
-                /* Every rank left: give the channels a moment to deliver
-                 * what they still hold, then say goodbye. */
+                /* Every rank left: no new one is taken (a rank of the job
+                 * arriving now starts the next engine); give the channels a
+                 * moment to deliver what they still hold, then say goodbye. */
                 if (0 == drain_end) {
                     drain_end = now + 2000000000ull;
+                    close(e->listen_fd);
+                    e->listen_fd = -1;
+                    (void) unlink(e->sock_path);
                 }
                 if (0 == tb_eng_peers_unacked(e) || now > drain_end) {
                     tb_eng_peers_close(e);
@@ -723,19 +778,19 @@ int tb_engine_run(tb_engine_t *e)
         if (now - last_work < e->p.spin_ns) {
             continue;
         }
-        /* Idle: sleep until a rank rings, a socket changes, or a timer may
-         * be due.  The flag first, then one more look, so a record committed
-         * in between is not missed. */
+        /* Idle: sleep until a rank rings, a socket changes, a completion
+         * comes (where the devices have events), or a timer may be due.  The
+         * flag and the events first, then one more look, so what came in
+         * between is not missed. */
         set_waiting(e, true);
-        if (!rings_readable(e)) {
-            int ms = (int) ((e->p.sleep_ns + 999999u) / 1000000u);
-            if (0 == tb_eng_peers_open(e) && 0 == e->nranks) {
-                ms = 100;
-            }
+        if (!rings_readable(e) && arm_devices(e) && 0 == tb_eng_devices_progress(e, tb_eng_now())) {
+            int ms = sleep_ms(e);
             if (poll_sockets(e, ms)) {
                 last_work = tb_eng_now();
             }
             last_sockets = tb_eng_now();
+        } else {
+            last_work = tb_eng_now();
         }
         set_waiting(e, false);
     }
@@ -821,8 +876,9 @@ void tb_engine_destroy(tb_engine_t *e)
         close(e->listen_fd);
         (void) unlink(e->sock_path);
     }
-    if (e->finished) {
-        /* The job is over on this host: leave nothing behind. */
+    if (e->finished && 0 != access(e->sock_path, F_OK)) {
+        /* The job is over on this host (and no later engine took over the
+         * directory): leave nothing behind. */
         static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, "engine.log"};
         char path[600];
         for (unsigned i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {

@@ -158,6 +158,7 @@ struct tb_engine {
     unsigned nranks;
     bool ever_attached;
     bool finished; /* every rank left: the job is over on this host */
+    bool events;   /* every device has completion events (armed before sleeping) */
     uint64_t last_detach_ns;
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;

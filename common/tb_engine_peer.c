@@ -59,6 +59,7 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         }
         tb_domain_params_default(&dp);
         dp.qp_budget = TB_APPLE_MAX_QP;
+        dp.events = 1;
         if (0 != tb_domain_create(&e->devlist.verbs, dev, &dp, &d->dom)) {
             TB_WARN("not using %s: it cannot be opened for traffic (details above)", dev->name);
             continue;

@@ -40,6 +40,16 @@ static const struct {
     TB_VERBS_SYM(destroy_qp, "ibv_destroy_qp"),
 };
 
+static const struct {
+    const char *name;
+    size_t offset;
+} optional_symbols[] = {
+    TB_VERBS_SYM(create_comp_channel, "ibv_create_comp_channel"),
+    TB_VERBS_SYM(destroy_comp_channel, "ibv_destroy_comp_channel"),
+    TB_VERBS_SYM(get_cq_event, "ibv_get_cq_event"),
+    TB_VERBS_SYM(ack_cq_events, "ibv_ack_cq_events"),
+};
+
 int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
 {
     const char *dlerr;
@@ -88,6 +98,18 @@ int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
             goto unload;
         }
         memcpy((char *) verbs + verbs_symbols[i].offset, &sym, sizeof(sym));
+    }
+    for (i = 0; i < sizeof(optional_symbols) / sizeof(optional_symbols[0]); ++i) {
+        void *sym = named ? NULL : dlsym(RTLD_DEFAULT, optional_symbols[i].name);
+        if (NULL == sym) {
+            sym = dlsym(verbs->handle, optional_symbols[i].name);
+        }
+        memcpy((char *) verbs + optional_symbols[i].offset, &sym, sizeof(sym));
+    }
+    /* Events only whole. */
+    if (!verbs->create_comp_channel || !verbs->destroy_comp_channel || !verbs->get_cq_event
+        || !verbs->ack_cq_events) {
+        verbs->create_comp_channel = NULL;
     }
     return 0;
 

@@ -36,6 +36,12 @@ typedef struct tb_verbs {
     struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
     int (*destroy_qp)(struct ibv_qp *qp);
+    /* Completion events: optional (NULL when the library has none; whether
+     * Apple's does is not known). */
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *context);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *channel);
+    int (*get_cq_event)(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
+    void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
 } tb_verbs_t;
 
 /* The library tried when the caller names none: librdma on macOS,

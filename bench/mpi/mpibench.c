@@ -2,10 +2,14 @@
  * mpibench: the two measurements bench/mpi/run needs that NetPIPE lacks.
  *
  *   mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]
- *       ranks 0 and 1: rank 0 sends windows of WINDOW non-blocking BYTES-byte
- *       messages (default 64 x 8 B), rank 1 pre-posts as many receives and
- *       answers each window with a 0-byte message.  Prints
- *       "msgrate BYTES WINDOW ITERATIONS MSGS_PER_SEC".
+ *       every pair of ranks (2k, 2k+1) at once: 2k sends windows of WINDOW
+ *       non-blocking BYTES-byte messages (default 64 x 8 B), 2k+1 pre-posts as
+ *       many receives and answers each window with a 0-byte message.  Prints
+ *       "msgrate BYTES WINDOW ITERATIONS MSGS_PER_SEC", the sum over the pairs.
+ *   mpibench idle [-i SECONDS]
+ *       ranks 0 and 1: a warm 8 B ping-pong, then every rank sleeps SECONDS
+ *       (default 20) without calling MPI, then one round trip.  Prints "idle
+ *       SECONDS first FIRST_USEC warm MEDIAN_USEC" (half round trips).
  *   mpibench pingpong [-i ITERATIONS] [-s BYTES]
  *       ranks 0 and 1: ITERATIONS round trips of one BYTES-byte message (default
  *       8 B).  Prints "pingpong BYTES ITERATIONS MEAN_USEC MEDIAN_USEC", half
@@ -27,17 +31,27 @@ static void usage(int rank)
     if (0 == rank) {
         fprintf(stderr, "usage: mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench pingpong [-i ITERATIONS] [-s BYTES]\n"
-                        "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n");
+                        "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n"
+                        "       mpibench idle [-i SECONDS]\n");
     }
     MPI_Abort(MPI_COMM_WORLD, 2);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+/* Every pair of ranks (2k, 2k+1) at once, 2k sending: with the ranks mapped by
+ * node, each pair spans two hosts.  The rate printed is the sum. */
 static int msgrate(int rank, int nranks, int window, int iters, size_t bytes)
 {
     char *buf = calloc((size_t) window, bytes ? bytes : 1);
     MPI_Request *req = calloc((size_t) window, sizeof(*req));
-    double t0 = 0.0, dt;
-    int it, k, warmup = iters / 10 + 1;
+    double t0 = 0.0, dt, rate = 0.0, total = 0.0;
+    int it, k, warmup = iters / 10 + 1, peer = rank ^ 1;
+    int active = peer < nranks;
 
     if (nranks < 2 || NULL == buf || NULL == req) {
         fprintf(stderr, "mpibench msgrate: needs 2 ranks and memory\n");
@@ -48,35 +62,83 @@ static int msgrate(int rank, int nranks, int window, int iters, size_t bytes)
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
         }
-        if (0 == rank) {
+        if (!active) {
+            break;
+        }
+        if (0 == rank % 2) {
             for (k = 0; k < window; ++k) {
-                MPI_Isend(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, 1, 1, MPI_COMM_WORLD,
-                          &req[k]);
+                MPI_Isend(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, peer, 1,
+                          MPI_COMM_WORLD, &req[k]);
             }
             MPI_Waitall(window, req, MPI_STATUSES_IGNORE);
-            MPI_Recv(NULL, 0, MPI_BYTE, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        } else if (1 == rank) {
+            MPI_Recv(NULL, 0, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
             for (k = 0; k < window; ++k) {
-                MPI_Irecv(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, 0, 1, MPI_COMM_WORLD,
-                          &req[k]);
+                MPI_Irecv(buf + (size_t) k * bytes, (int) bytes, MPI_BYTE, peer, 1,
+                          MPI_COMM_WORLD, &req[k]);
             }
             MPI_Waitall(window, req, MPI_STATUSES_IGNORE);
-            MPI_Send(NULL, 0, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
+            MPI_Send(NULL, 0, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
         }
     }
     dt = MPI_Wtime() - t0;
+    if (active && 0 == rank % 2) {
+        rate = (double) window * iters / dt;
+    }
+    MPI_Reduce(&rate, &total, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (0 == rank) {
-        printf("msgrate %zu %d %d %.1f\n", bytes, window, iters, (double) window * iters / dt);
+        printf("msgrate %zu %d %d %.1f\n", bytes, window, iters, total);
     }
     free(buf);
     free(req);
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
+/* Ranks 0 and 1 exchange, then every rank sleeps for -i SECONDS without calling
+ * MPI (rank 0 prints "idle: sleeping" first), then 0 and 1 time one round trip of
+ * 8 B: the first message after an idle spell, against the median of a warm
+ * ping-pong before it. */
+static int idle(int rank, int nranks, int seconds)
 {
-    double x = *(const double *) a, y = *(const double *) b;
-    return (x > y) - (x < y);
+    char b[8] = {0};
+    double rt[200], t1, first;
+    int it;
+
+    if (nranks < 2) {
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (it = 0; it < 200; ++it) {
+        t1 = MPI_Wtime();
+        if (0 == rank) {
+            MPI_Send(b, 8, MPI_BYTE, 1, 4, MPI_COMM_WORLD);
+            MPI_Recv(b, 8, MPI_BYTE, 1, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (1 == rank) {
+            MPI_Recv(b, 8, MPI_BYTE, 0, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(b, 8, MPI_BYTE, 0, 4, MPI_COMM_WORLD);
+        }
+        rt[it] = MPI_Wtime() - t1;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (0 == rank) {
+        printf("idle: sleeping %d s\n", seconds);
+        fflush(stdout);
+    }
+    sleep((unsigned) seconds);
+    t1 = MPI_Wtime();
+    if (0 == rank) {
+        MPI_Send(b, 8, MPI_BYTE, 1, 5, MPI_COMM_WORLD);
+        MPI_Recv(b, 8, MPI_BYTE, 1, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (1 == rank) {
+        MPI_Recv(b, 8, MPI_BYTE, 0, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(b, 8, MPI_BYTE, 0, 5, MPI_COMM_WORLD);
+    }
+    first = MPI_Wtime() - t1;
+    if (0 == rank) {
+        qsort(rt, 200, sizeof(rt[0]), cmp_double);
+        printf("idle %d first %.2f warm %.2f\n", seconds, first / 2 * 1e6, rt[100] / 2 * 1e6);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return 0;
 }
 
 static int pingpong(int rank, int nranks, int iters, size_t bytes)
@@ -201,6 +263,8 @@ int main(int argc, char **argv)
         msgrate(rank, nranks, window, iters > 0 ? iters : 200, bytes);
     } else if (0 == strcmp(mode, "pingpong")) {
         pingpong(rank, nranks, iters > 0 ? iters : 1000, bytes);
+    } else if (0 == strcmp(mode, "idle")) {
+        idle(rank, nranks, iters > 0 ? iters : 20);
     } else if (0 == strcmp(mode, "allreduce")) {
         if (0 == nsizes) {
             sizes[nsizes++] = 8;

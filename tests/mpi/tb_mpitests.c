@@ -1,9 +1,10 @@
 /*
  * tb_mpitests: MPI correctness tests for a transport, every byte verified.
  *
- * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [TEST...]
- * TESTs: pingpong storm manytoone anysource noncontig coll osc hold (default:
- * all but osc and hold).  hold exchanges 64 KiB messages between ranks 0 and 1
+ * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [-c SECONDS] [TEST...]
+ * TESTs: pingpong storm manytoone anysource noncontig coll osc hold compute
+ * (default: all but osc, hold and compute).  compute: rank 1 computes for -c
+ * SECONDS (default 75) between two verified ring exchanges.  hold exchanges 64 KiB messages between ranks 0 and 1
  * for -t SECONDS (default 120), printing "hold: exchanging" once they flow: a
  * job for failure tests to break.  Rank 0 prints "ok: NAME" or "FAIL: NAME:
  * why" per test and a closing "N passed, N failed"; the exit status is
@@ -15,11 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int rank, nranks;
 static size_t max_bytes = 4u << 20;
 static double hold_seconds = 120;
+static double compute_seconds = 75;
 static char why[256];
 
 static unsigned char pattern(size_t i, unsigned seed)
@@ -355,6 +358,45 @@ static int test_hold(void)
     return bad;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+/* A ring exchange, then rank 1 computes for -c SECONDS without calling MPI while
+ * rank 2 (or 0) waits for its next message and rank 0 sends it a large one, then the
+ * ring again: a healthy rank that computes long must not be taken for dead. */
+static int test_compute(void)
+{
+    enum { LEN = 256 * 1024 };
+    unsigned char *out = malloc(LEN), *in = malloc(LEN);
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks, bad = 0, round;
+
+    for (round = 0; round < 2 && !bad; ++round) {
+        fill(out, LEN, (unsigned) (rank + 100 * round));
+        MPI_Sendrecv(out, LEN, MPI_BYTE, next, 9, in, LEN, MPI_BYTE, prev, 9, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        bad = verify(in, LEN, (unsigned) (prev + 100 * round), "compute");
+        if (0 == round && 1 == rank) {
+            volatile double x = 0;
+            double end = now_s() + compute_seconds;
+            printf("compute: rank 1 computes for %.0f s\n", compute_seconds);
+            fflush(stdout);
+            while (now_s() < end) {
+                for (int i = 0; i < 1000000; ++i) {
+                    x += i * 0.5;
+                }
+            }
+        }
+    }
+    free(out);
+    free(in);
+    return bad;
+}
+
 static const struct {
     const char *name;
     int (*fn)(void);
@@ -362,7 +404,7 @@ static const struct {
 } tests[] = {
     {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
-    {"osc", test_osc, 0},           {"hold", test_hold, 0},
+    {"osc", test_osc, 0},           {"hold", test_hold, 0},       {"compute", test_compute, 0},
 };
 
 static void run(int t, int *passed, int *failed)
@@ -391,11 +433,13 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    while ((opt = getopt(argc, argv, "m:t:")) != -1) {
+    while ((opt = getopt(argc, argv, "m:t:c:")) != -1) {
         if ('m' == opt) {
             max_bytes = strtoull(optarg, NULL, 0);
         } else if ('t' == opt) {
             hold_seconds = strtod(optarg, NULL);
+        } else if ('c' == opt) {
+            compute_seconds = strtod(optarg, NULL);
         } else {
             MPI_Abort(MPI_COMM_WORLD, 2);
         }

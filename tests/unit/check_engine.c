@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,11 +173,24 @@ START_TEST(attach_no_device)
     static char *args[] = {"--verbs-library", "/nonexistent/libibverbs.so", NULL};
     tb_eclient_params_t p;
     tb_eclient_t *c = NULL;
-    char err[512], sock[512];
+    char err[512], sock[512], stale[512];
     struct stat st;
     int rc;
 
     make_tmpdir();
+    /* An earlier job's directory whose engine was killed: swept away. */
+    snprintf(stale, sizeof(stale), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(stale, 0700), 0);
+    strcat(stale, "/old@unit");
+    ck_assert_int_eq(mkdir(stale, 0700), 0);
+    for (int i = 0; i < 3; ++i) {
+        static const char *const names[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, TB_ENGINE_SOCKET};
+        struct timespec old[2] = {{.tv_sec = time(NULL) - 120}, {.tv_sec = time(NULL) - 120}};
+        char f[600];
+        snprintf(f, sizeof(f), "%s/%s", stale, names[i]);
+        fclose(fopen(f, "w"));
+        ck_assert_int_eq(utimensat(AT_FDCWD, f, old, 0), 0);
+    }
     for (uint32_t vpid = 0; vpid < 3; ++vpid) {
         params(&p, "job1", vpid, args);
         rc = tb_eclient_attach(&p, &c, err, sizeof(err));
@@ -189,6 +203,7 @@ START_TEST(attach_no_device)
         usleep(10000);
     }
     ck_assert_msg(0 != stat(sock, &st), "%s still exists", sock);
+    ck_assert_msg(0 != stat(stale, &st), "the stale %s still exists", stale);
 }
 END_TEST
 
