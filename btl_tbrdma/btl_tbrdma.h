@@ -269,6 +269,8 @@ void mca_btl_tbrdma_engine_stop(void);
 uint16_t mca_btl_tbrdma_engine_port(int index);
 int mca_btl_tbrdma_engine_send_job_key(void);
 int mca_btl_tbrdma_engine_progress(uint64_t now);
+/* The endpoint goes away: its sends complete now, canceled. */
+void mca_btl_tbrdma_engine_forget(mca_btl_base_endpoint_t *endpoint);
 int mca_btl_tbrdma_engine_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
                                const struct iovec *iov, int iovcnt, void *cookie);
 void *mca_btl_tbrdma_engine_send_begin(mca_btl_base_endpoint_t *endpoint, uint8_t tag, size_t len);

@@ -296,6 +296,9 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
         tb_conn_destroy(ep->conn);
         ep->conn = NULL;
     }
+    if (mca_btl_tbrdma_component.engine) {
+        mca_btl_tbrdma_engine_forget(ep);
+    }
     mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
     mca_btl_tbrdma_rma_forget_replies(ep);
     opal_hash_table_remove_value_uint64(&module->endpoint_by_name, name_key(&ep->name));

@@ -381,7 +381,8 @@ static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
         return;
     }
     ep = mca_btl_tbrdma_module_find_endpoint(module, &name);
-    if (ep) {
+    if (ep && 0 == memcmp(ep->peer_engine, mca_btl_tbrdma_component.links[link].engine_id,
+                          sizeof(ep->peer_engine))) {
         mca_btl_tbrdma_endpoint_fail(ep, why);
     }
 }
@@ -435,6 +436,26 @@ static const tb_eclient_handlers_t handlers = {
     .down = on_down,
     .engine_lost = on_engine_lost,
 };
+
+void mca_btl_tbrdma_engine_forget(mca_btl_base_endpoint_t *ep)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    size_t i = 0;
+
+    /* Its sends end as they would in a channel that goes away. */
+    while (i < c->ncompletions) {
+        if (c->completions[i].ep == ep) {
+            void *cookie = c->completions[i].cookie;
+            memmove(&c->completions[i], &c->completions[i + 1],
+                    (c->ncompletions - i - 1) * sizeof(c->completions[0]));
+            c->ncompletions--;
+            mca_btl_tbrdma_send_done(ep, cookie, TB_CHAN_ECANCELED);
+            i = 0;
+            continue;
+        }
+        ++i;
+    }
+}
 
 int mca_btl_tbrdma_engine_progress(uint64_t now)
 {

@@ -175,6 +175,14 @@ static void engine_log_tail(const char *dir, char *buf, size_t len)
     fclose(f);
 }
 
+/* The engine named in dir's pid file runs. */
+static bool engine_alive(const char *dir)
+{
+    pid_t pid = tb_engine_pid_owner(dir);
+
+    return pid > 0 && (0 == kill(pid, 0) || EPERM == errno);
+}
+
 /* Connect to the engine, starting it if this rank is the first: under the
  * directory's lock, so one rank starts it and the others wait for it. */
 static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *key, char *err,
@@ -209,8 +217,9 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
         if (fd >= 0) {
             break;
         }
-        if (!spawned) {
-            /* Nobody listens: a dead engine's socket, or none yet. */
+        if (!spawned && !engine_alive(dir)) {
+            /* Nobody listens: a dead engine's socket, or none yet.  (A live
+             * one may refuse for a moment when many ranks call at once.) */
             (void) unlink(sock);
             if (0 != spawn_engine(p, dir, err, errlen)) {
                 goto out;
@@ -272,7 +281,7 @@ static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t e
 static void sweep_stale(const char *base, const char *mine)
 {
     static const char *const files[] = {TB_ENGINE_SOCKET, TB_ENGINE_KEY, "engine.log",
-                                        TB_ENGINE_LOCK};
+                                        TB_ENGINE_PIDFILE, TB_ENGINE_LOCK};
     char dir[600], path[700];
     struct dirent *de;
     struct stat st;
@@ -292,6 +301,9 @@ static void sweep_stale(const char *base, const char *mine)
         }
         snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
         if (0 != lstat(path, &st) || time(NULL) - st.st_mtime < 60) {
+            continue;
+        }
+        if (engine_alive(dir)) {
             continue;
         }
         snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
@@ -442,10 +454,8 @@ bool tb_eclient_alive(const tb_eclient_t *c)
     return !c->lost;
 }
 
-static void ring_doorbell(tb_eclient_t *c)
+static void ring_doorbell(tb_eclient_t *c, char b)
 {
-    char b = 1;
-
     (void) send(c->fd, &b, 1, MSG_DONTWAIT
 #if defined(MSG_NOSIGNAL)
                                   | MSG_NOSIGNAL
@@ -483,7 +493,7 @@ static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link,
         dst += iov[i].iov_len;
     }
     if (tb_shm_ring_commit(&c->tx)) {
-        ring_doorbell(c);
+        ring_doorbell(c, TB_EDOORBELL);
     }
     return 0;
 }
@@ -530,7 +540,7 @@ void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8
 void tb_eclient_send_commit(tb_eclient_t *c)
 {
     if (tb_shm_ring_commit(&c->tx)) {
-        ring_doorbell(c);
+        ring_doorbell(c, TB_EDOORBELL);
     }
 }
 
@@ -559,13 +569,18 @@ static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *
         return;
     }
     if (0 == recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT)) {
-        /* Nobody else will: no dead socket must stay.  First, since the
-         * report below usually ends the process. */
-        snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
-        (void) unlink(why);
-        snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %u) exited or was "
-                 "killed; its log, if any: %s/engine.log",
-                 (unsigned) tb_wire_le32(c->info.engine_pid), c->dir);
+        pid_t pid = (pid_t) tb_wire_le32(c->info.engine_pid);
+        if (0 == kill(pid, 0) || EPERM == errno) {
+            snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) dropped this "
+                     "process; its log: %s/engine.log", (int) pid, c->dir);
+        } else {
+            /* Nobody else will: no dead socket must stay.  First, since the
+             * report below usually ends the process. */
+            snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
+            (void) unlink(why);
+            snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) exited or was "
+                     "killed; its log, if any: %s/engine.log", (int) pid, c->dir);
+        }
         lose(c, h, ctx, why);
     }
 }
@@ -635,7 +650,9 @@ void tb_eclient_detach(tb_eclient_t *c)
                && !c->tx.broken) {
             sleep_ms(1);
         }
-        ring_doorbell(c);
+        /* Said on the socket too: its closing is then not a death, even
+         * before the engine reaches the BYE in the ring. */
+        ring_doorbell(c, TB_EDOORBELL_BYE);
     }
     close(c->fd);
     munmap(c->seg, c->seg_len);

@@ -330,8 +330,12 @@ static int rank_tx_progress(eng_rank_t *r)
     uint64_t start, end;
     int n = 0, rc;
 
-    while (ENG_RANK_ATTACHED == r->state && r->txq_len < ENG_TXQ - 1
-           && r->held_bytes <= r->e->p.held_max) {
+    r->blocked = false;
+    while (ENG_RANK_ATTACHED == r->state) {
+        if (r->txq_len >= ENG_TXQ - 1 || r->held_bytes > r->e->p.held_max) {
+            r->blocked = true;
+            break;
+        }
         start = r->tx.cursor;
         p = tb_shm_ring_next(&r->tx, &h, &end);
         if (NULL == p) {
@@ -350,6 +354,7 @@ static int rank_tx_progress(eng_rank_t *r)
         }
         if (0 == rc) {
             tb_shm_ring_rewind(&r->tx, start);
+            r->blocked = true;
             break;
         }
         ++n;
@@ -639,6 +644,9 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             continue;
         }
         got = read(fds[i].fd, buf, sizeof(buf));
+        if (got > 0 && NULL != memchr(buf, TB_EDOORBELL_BYE, (size_t) got)) {
+            r->leaving = true;
+        }
         if (got == 0 || (got < 0 && EAGAIN != errno && EINTR != errno)) {
             /* The rank is gone; what it left in its ring is still read
              * (ranks_progress), and tells whether it said BYE first. */
@@ -660,8 +668,11 @@ static int ranks_progress(tb_engine_t *e)
             n += rank_tx_progress(r);
             n += rank_flush_overflow(r);
             n += rank_credit_progress(r);
-            if (r->fd < 0 && ENG_RANK_ATTACHED == r->state && !tb_shm_ring_readable(&r->tx)) {
-                if (!r->bye) {
+            /* Gone: one that said it finalizes leaves once its ring is
+             * read; any other died, and its peers hear it now. */
+            if (r->fd < 0 && ENG_RANK_ATTACHED == r->state
+                && (!(r->leaving || r->bye) || !tb_shm_ring_readable(&r->tx))) {
+                if (!r->bye && !r->leaving) {
                     tb_eng_rank_fail(r, "exited without finalizing (killed, or it crashed)");
                 }
                 r->state = ENG_RANK_DEAD;
@@ -692,10 +703,26 @@ static void set_waiting(tb_engine_t *e, bool waiting)
     }
 }
 
+/* A ring with records the engine can take now (a blocked one waits for
+ * the engine's own work, which the sleep bound covers). */
 static bool rings_readable(tb_engine_t *e)
 {
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
-        if (ENG_RANK_ATTACHED == e->ranks[i].state && tb_shm_ring_readable(&e->ranks[i].tx)) {
+        eng_rank_t *r = &e->ranks[i];
+        if (ENG_RANK_ATTACHED == r->state && !r->blocked && tb_shm_ring_readable(&r->tx)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Work that waits on a rank reading its ring (which rings no doorbell) or
+ * on the engine's own queues. */
+static bool ranks_pending(tb_engine_t *e)
+{
+    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+        eng_rank_t *r = &e->ranks[i];
+        if (ENG_RANK_ATTACHED == r->state && (r->blocked || r->ovf_head || r->rxq_len)) {
             return true;
         }
     }
@@ -724,6 +751,9 @@ static int sleep_ms(tb_engine_t *e)
 {
     if (0 == e->npeers && 0 == e->nranks) {
         return 100;
+    }
+    if (ranks_pending(e)) {
+        return 1;
     }
     if (!e->events || 0 == tb_eng_peers_open(e)) {
         return e->events ? 100 : (int) ((e->p.sleep_ns + 999999u) / 1000000u);
@@ -798,6 +828,24 @@ int tb_engine_run(tb_engine_t *e)
 
 /* ---- create and destroy -------------------------------------------------- */
 
+pid_t tb_engine_pid_owner(const char *dir)
+{
+    char path[600];
+    FILE *f;
+    int pid = 0;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_PIDFILE);
+    f = fopen(path, "r");
+    if (NULL == f) {
+        return 0;
+    }
+    if (1 != fscanf(f, "%d", &pid) || pid <= 0) {
+        pid = 0;
+    }
+    fclose(f);
+    return (pid_t) pid;
+}
+
 int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, size_t errlen)
 {
     tb_engine_t *e = calloc(1, sizeof(*e));
@@ -833,6 +881,13 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
         goto fail;
     }
     fclose(f);
+    /* Who runs the directory: ranks tell a live engine from a dead one by it. */
+    snprintf(path, sizeof(path), "%s/%s", p->dir, TB_ENGINE_PIDFILE);
+    f = fopen(path, "w");
+    if (NULL == f || fprintf(f, "%d\n", (int) getpid()) < 0 || 0 != fclose(f)) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        goto fail;
+    }
     if (0 != tb_eng_devices_open(e, e->nodev_why, sizeof(e->nodev_why))) {
         TB_INFO("no device: %s", e->nodev_why);
     }
@@ -865,6 +920,7 @@ void tb_engine_destroy(tb_engine_t *e)
             r->state = ENG_RANK_DEAD;
         }
     }
+    tb_eng_cms_close(e);
     tb_eng_peers_destroy(e);
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
         if (ENG_RANK_FREE != e->ranks[i].state) {
@@ -876,10 +932,11 @@ void tb_engine_destroy(tb_engine_t *e)
         close(e->listen_fd);
         (void) unlink(e->sock_path);
     }
-    if (e->finished && 0 != access(e->sock_path, F_OK)) {
+    if (e->finished && tb_engine_pid_owner(e->p.dir) == getpid()) {
         /* The job is over on this host (and no later engine took over the
          * directory): leave nothing behind. */
-        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, "engine.log"};
+        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, "engine.log",
+                                            TB_ENGINE_PIDFILE};
         char path[600];
         for (unsigned i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
             snprintf(path, sizeof(path), "%s/%s", e->p.dir, files[i]);

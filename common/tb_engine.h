@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "tb_tunables.h"
 
@@ -61,6 +62,15 @@ void tb_engine_params_default(tb_engine_params_t *p);
 #define TB_ENGINE_SOCKET "engine.sock"
 #define TB_ENGINE_KEY "key"
 #define TB_ENGINE_LOCK "lock"
+#define TB_ENGINE_PIDFILE "engine.pid"
+
+/* A rank's doorbell byte on its socket: TB_EDOORBELL_BYE says it finalizes
+ * (its socket closing next is not a death). */
+#define TB_EDOORBELL 1
+#define TB_EDOORBELL_BYE 'B'
+
+/* The engine that owns dir (from its pid file), or 0. */
+pid_t tb_engine_pid_owner(const char *dir);
 
 /* Open the devices and listen at dir/engine.sock.  No usable device is not
  * an error: the engine then tells each rank why at attach.  0, or -1 with

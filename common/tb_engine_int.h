@@ -94,7 +94,9 @@ struct eng_rank {
     uint64_t ovf_bytes;
     uint64_t held_bytes; /* its messages waiting for credit */
     uint8_t announced[ENG_MAX_PEERS / 8];
-    bool bye;
+    bool bye;      /* its BYE record was read */
+    bool leaving;  /* it said on its socket that it finalizes */
+    bool blocked;  /* its ring waits for credit, room or the channel */
 };
 
 typedef enum {
@@ -181,6 +183,9 @@ void tb_eng_tx_done(eng_txrec_t *t);
 
 /* tb_engine_peer.c: devices and other engines. */
 int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen);
+/* The connection managers first (their callbacks reach peers), then the
+ * peers, then the devices. */
+void tb_eng_cms_close(tb_engine_t *e);
 void tb_eng_devices_close(tb_engine_t *e);
 int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id);

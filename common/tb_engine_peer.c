@@ -96,10 +96,18 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
     return 0;
 }
 
-void tb_eng_devices_close(tb_engine_t *e)
+void tb_eng_cms_close(tb_engine_t *e)
 {
     for (unsigned d = 0; d < e->ndev; ++d) {
         tb_cm_destroy(e->devs[d].cm);
+        e->devs[d].cm = NULL;
+    }
+}
+
+void tb_eng_devices_close(tb_engine_t *e)
+{
+    tb_eng_cms_close(e);
+    for (unsigned d = 0; d < e->ndev; ++d) {
         tb_domain_destroy(e->devs[d].dom);
     }
     e->ndev = 0;
@@ -115,7 +123,7 @@ int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
 
     for (unsigned d = 0; d < e->ndev; ++d) {
         int m = tb_domain_progress(e->devs[d].dom, now);
-        n += tb_cm_progress(e->devs[d].cm, now) + (m > 0 ? m : 0);
+        n += (e->devs[d].cm ? tb_cm_progress(e->devs[d].cm, now) : 0) + (m > 0 ? m : 0);
     }
     return n;
 }
@@ -370,6 +378,8 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
         return;
     }
     p->state = ENG_PEER_CONNECTED;
+    p->credit_changed = true;
+    p->ret_pending = true;
     TB_INFO("connected to engine %02x%02x%02x%02x over %s", p->id[0], p->id[1], p->id[2],
             p->id[3], p->e->devs[p->dev].dev->name);
 }
@@ -435,6 +445,9 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
 
     if (NULL == ch || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
         return true;
+    }
+    if (ENG_PEER_CONNECTED != p->state) {
+        return false; /* later: see tb_eng_send */
     }
     memset(&h, 0, sizeof(h));
     h.src = tb_wire_le32(src);
@@ -515,7 +528,11 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     em.src = tb_wire_le32(r->vpid);
     em.dst = tb_wire_le32(h->vpid);
     em.tag = h->tag;
-    if (p->nwait[h->vpid] || !credit_ok(p, h->vpid, h->len) || NULL == (ch = peer_channel(p))) {
+    /* Nothing goes into a channel before it is set up: a setup that is
+     * tried again starts with a new channel, and the old one's sends would
+     * be lost. */
+    if (p->nwait[h->vpid] || !credit_ok(p, h->vpid, h->len) || ENG_PEER_CONNECTED != p->state
+        || NULL == (ch = peer_channel(p))) {
         hold(p, r, &em, payload, h->len);
         tb_eng_tx_consumed(r, end);
         return 1;
@@ -555,10 +572,10 @@ static int send_waiting(eng_peer_t *p)
 {
     tb_channel_t *ch = peer_channel(p);
     eng_msg_t **pp = &p->wait_head, *m, *prev = NULL;
-    int n = 0;
+    int n = 0, rc, src;
 
     if (NULL == ch || NULL == p->wait_head || !p->credit_changed
-        || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        || ENG_PEER_CONNECTED != p->state) {
         return 0;
     }
     p->credit_changed = false;
@@ -572,20 +589,43 @@ static int send_waiting(eng_peer_t *p)
             pp = &m->next;
             continue;
         }
-        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m)) {
-            p->credit_changed = true;
-            break;
-        }
+        /* Out of the list before the send: a send that fails the channel
+         * drops whatever is still listed. */
         *pp = m->next;
         if (p->wait_tail == m) {
             p->wait_tail = prev;
         }
-        p->used[dst] += (uint32_t) len;
         p->nwait[dst]--;
-        if (m->src_slot >= 0) {
-            p->e->ranks[m->src_slot].held_bytes -= len;
+        src = m->src_slot;
+        if (src >= 0) {
+            p->e->ranks[src].held_bytes -= len;
         }
         m->src_slot = -1;
+        rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
+        if (ENG_PEER_CONNECTED != p->state) {
+            /* Failed meanwhile: the list is gone; m is the channel's if it
+             * took it (freed at its completion), else ours. */
+            if (TB_CHAN_OK != rc) {
+                free(m);
+            }
+            return n;
+        }
+        if (TB_CHAN_OK != rc) {
+            /* The channel is full: back in its place, try again later. */
+            m->next = *pp;
+            *pp = m;
+            if (NULL == m->next) {
+                p->wait_tail = m;
+            }
+            p->nwait[dst]++;
+            m->src_slot = src;
+            if (src >= 0) {
+                p->e->ranks[src].held_bytes += len;
+            }
+            p->credit_changed = true;
+            break;
+        }
+        p->used[dst] += (uint32_t) len;
         ++n;
     }
     return n;
@@ -744,7 +784,7 @@ void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why)
 {
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
-        if (ENG_PEER_CONNECTING == p->state || ENG_PEER_CONNECTED == p->state) {
+        if (ENG_PEER_CONNECTED == p->state) {
             (void) send_ctrl(p, TB_ETAG_GONE, vpid, 0, 0, why);
         }
     }
@@ -756,9 +796,12 @@ size_t tb_eng_peers_unacked(tb_engine_t *e)
 
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
-        if (ENG_PEER_CONNECTED == p->state && p->conn
-            && 0 == tb_channel_status(tb_conn_channel(p->conn))) {
-            n += tb_channel_unacked(tb_conn_channel(p->conn)) + (p->wait_head ? 1 : 0);
+        if (ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+            continue;
+        }
+        n += p->wait_head ? 1 : 0;
+        if (p->conn && 0 == tb_channel_status(tb_conn_channel(p->conn))) {
+            n += tb_channel_unacked(tb_conn_channel(p->conn));
         }
     }
     return n;

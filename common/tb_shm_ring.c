@@ -103,7 +103,9 @@ bool tb_shm_ring_drained(tb_shm_ring_t *r)
 
 bool tb_shm_ring_readable(tb_shm_ring_t *r)
 {
-    return !r->broken && atomic_load_explicit(&r->ctrl->head, memory_order_acquire) != r->cursor;
+    /* seq_cst: after the consumer's store of waiting, this load must not be
+     * satisfied early (Dekker with the producer's commit). */
+    return !r->broken && atomic_load_explicit(&r->ctrl->head, memory_order_seq_cst) != r->cursor;
 }
 
 void tb_shm_ring_set_waiting(tb_shm_ring_t *r, bool waiting)

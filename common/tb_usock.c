@@ -195,7 +195,12 @@ int tb_usock_recv(int sock, void *buf, size_t len, int *fd, int timeout_ms)
         }
         for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
             if (SOL_SOCKET == cm->cmsg_level && SCM_RIGHTS == cm->cmsg_type) {
+                /* Within what was received, whatever the header claims. */
+                size_t room = msg.msg_controllen - (size_t) ((char *) CMSG_DATA(cm) - control.buf);
                 size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                if (nfd > room / sizeof(int)) {
+                    nfd = room / sizeof(int);
+                }
                 for (size_t i = 0; i < nfd; ++i) {
                     int got;
                     memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
@@ -206,6 +211,11 @@ int tb_usock_recv(int sock, void *buf, size_t len, int *fd, int timeout_ms)
                     }
                 }
             }
+        }
+        if (msg.msg_flags & MSG_CTRUNC) {
+            /* More descriptors than asked for: refuse the message. */
+            errno = EPROTO;
+            goto fail;
         }
         p += n;
         len -= (size_t) n;
