@@ -195,19 +195,32 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
 
     snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
     snprintf(sock, sizeof(sock), "%s/%s", dir, TB_ENGINE_SOCKET);
-    lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (lock < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    while (0 != flock(lock, LOCK_EX | LOCK_NB)) {
-        if (now_ns() > deadline) {
-            snprintf(err, errlen, "timed out waiting for another rank to start the engine "
-                     "(lock %s)", path);
-            close(lock);
+    for (;;) {
+        struct stat held, named;
+        /* The directory of a job whose engine just left may go away under
+         * us: make it again until the lock we hold is the one it names. */
+        if (0 != tb_usock_private_dir(dir, err, errlen)) {
             return -1;
         }
-        sleep_ms(5);
+        lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (lock < 0) {
+            snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+            return -1;
+        }
+        while (0 != flock(lock, LOCK_EX | LOCK_NB)) {
+            if (now_ns() > deadline) {
+                snprintf(err, errlen, "timed out waiting for another rank to start the engine "
+                         "(lock %s)", path);
+                close(lock);
+                return -1;
+            }
+            sleep_ms(5);
+        }
+        if (0 == fstat(lock, &held) && 0 == stat(path, &named) && held.st_ino == named.st_ino
+            && held.st_dev == named.st_dev) {
+            break;
+        }
+        close(lock);
     }
     if (0 != job_key(dir, key, err, errlen)) {
         goto out;

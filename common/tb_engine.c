@@ -6,10 +6,12 @@
 #include "tb_engine_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -35,7 +37,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->credit_window = 4u << 20;
     p->held_max = 64u << 20;
     p->idle_exit_ns = 60000000000ull;
-    p->spin_ns = 1000000ull;
+    p->spin_ns = 20000ull;
     p->sleep_ns = 1000000ull;
 }
 
@@ -755,10 +757,11 @@ static int sleep_ms(tb_engine_t *e)
     if (ranks_pending(e)) {
         return 1;
     }
-    if (!e->events || 0 == tb_eng_peers_open(e)) {
-        return e->events ? 100 : (int) ((e->p.sleep_ns + 999999u) / 1000000u);
+    if (!e->events) {
+        return (int) ((e->p.sleep_ns + 999999u) / 1000000u);
     }
-    return 0 != tb_eng_peers_unacked(e) ? 1 : 20;
+    /* Keepalives are due every half second at most (tb_engine_peer.c). */
+    return 0 != tb_eng_peers_unacked(e) ? 1 : 100;
 }
 
 int tb_engine_run(tb_engine_t *e)
@@ -933,16 +936,24 @@ void tb_engine_destroy(tb_engine_t *e)
         (void) unlink(e->sock_path);
     }
     if (e->finished && tb_engine_pid_owner(e->p.dir) == getpid()) {
-        /* The job is over on this host (and no later engine took over the
-         * directory): leave nothing behind. */
-        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, "engine.log",
-                                            TB_ENGINE_PIDFILE};
+        /* The job is over on this host: leave nothing behind, unless a rank
+         * holds the lock to start the next engine (a late rank of the job). */
+        static const char *const files[] = {TB_ENGINE_KEY, "engine.log", TB_ENGINE_PIDFILE,
+                                            TB_ENGINE_LOCK};
         char path[600];
-        for (unsigned i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
-            snprintf(path, sizeof(path), "%s/%s", e->p.dir, files[i]);
-            (void) unlink(path);
+        int lock;
+        snprintf(path, sizeof(path), "%s/%s", e->p.dir, TB_ENGINE_LOCK);
+        lock = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        if (lock >= 0 && 0 == flock(lock, LOCK_EX | LOCK_NB)) {
+            for (unsigned i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
+                snprintf(path, sizeof(path), "%s/%s", e->p.dir, files[i]);
+                (void) unlink(path);
+            }
+            (void) rmdir(e->p.dir);
         }
-        (void) rmdir(e->p.dir);
+        if (lock >= 0) {
+            close(lock);
+        }
     }
     free(e);
 }

@@ -48,6 +48,7 @@ static void usage(void)
             "         [--if-exclude PATTERNS] [--lanes 1|2] [--small-frame-size BYTES]\n"
             "         [--bulk-frame-size BYTES] [--recv-depth N] [--peer-timeout-ms MS]\n"
             "         [--rto-min-us US] [--checksum full|header] [--credit-window BYTES]\n"
+            "         [--spin-us US]\n"
             "         [--verbose 0..4]\n"
             "The host engine of tbrdma: started by the first rank of an MPI job on a host.\n");
 }
@@ -67,6 +68,7 @@ int main(int argc, char **argv)
         {"rto-min-us", required_argument, NULL, 'o'},
         {"checksum", required_argument, NULL, 'c'},
         {"credit-window", required_argument, NULL, 'w'},
+        {"spin-us", required_argument, NULL, 'S'},
         {"verbose", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -120,6 +122,10 @@ int main(int argc, char **argv)
         case 'w':
             if (parse_u64("credit-window", optarg, 1u << 30, &v)) return 2;
             p.credit_window = v;
+            break;
+        case 'S':
+            if (parse_u64("spin-us", optarg, 1000000, &v)) return 2;
+            p.spin_ns = v * 1000u;
             break;
         case 'v':
             if (parse_u64("verbose", optarg, TB_LOG_TRACE, &verbose)) return 2;

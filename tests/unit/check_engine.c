@@ -194,7 +194,7 @@ START_TEST(attach_no_device)
     for (uint32_t vpid = 0; vpid < 3; ++vpid) {
         params(&p, "job1", vpid, args);
         rc = tb_eclient_attach(&p, &c, err, sizeof(err));
-        ck_assert_int_eq(rc, TB_ECLIENT_NODEV);
+        ck_assert_msg(TB_ECLIENT_NODEV == rc, "rank %u: %d: %s", (unsigned) vpid, rc, err);
         ck_assert_msg(NULL != strstr(err, "/nonexistent/libibverbs.so"), "why: %s", err);
     }
     /* Every rank left: the engine exits and leaves nothing behind. */
