@@ -138,6 +138,7 @@ typedef struct mca_btl_tbrdma_component_t {
     uint32_t engine_peer_timeout_ms;
     uint32_t engine_credit_window;
     uint32_t engine_spin_us;
+    int engine_events;
     int engine_verbose;
     tb_eclient_t *engine;
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];

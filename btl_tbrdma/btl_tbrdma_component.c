@@ -183,12 +183,19 @@ static int tbrdma_component_register(void)
                   "waits at the sender, so a process that stops reading holds back only what is "
                   "sent to it",
                   OPAL_INFO_LVL_6, &c->engine_credit_window);
-    c->engine_spin_us = 20;
+    c->engine_spin_us = 1000;
     register_uint("engine_spin",
                   "Microseconds the host engine keeps polling after its last work before it "
                   "sleeps (a doorbell or a completion event wakes it); more lowers latency on "
                   "hosts with a core to spare, less leaves the cores to the ranks",
                   OPAL_INFO_LVL_5, &c->engine_spin_us);
+    c->engine_events = 0;
+    register_int("engine_events",
+                 "1: the host engine sleeps on the devices' completion events where they have "
+                 "them (rxe does), waking less often when idle; 0 (default): it polls every "
+                 "millisecond when idle (with events on, an engine stalled for seconds in the "
+                 "virtual cluster's most crowded test: not yet understood)",
+                 OPAL_INFO_LVL_6, &c->engine_events);
     c->engine_verbose = TB_LOG_WARN;
     register_int("engine_verbose",
                  "What the host engine writes to engine.log in the job's directory: 0 errors, "

@@ -63,6 +63,7 @@ static char **engine_args(void)
     ARG("--checksum", "%s", tb_checksum_mode_name(t->checksum));
     ARG("--credit-window", "%u", (unsigned) c->engine_credit_window);
     ARG("--spin-us", "%u", (unsigned) c->engine_spin_us);
+    ARG("--events", "%d", c->engine_events ? 1 : 0);
     ARG("--verbose", "%d", c->engine_verbose);
 #undef ARG
     for (int i = 0; i < n; ++i) {

@@ -37,7 +37,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->credit_window = 4u << 20;
     p->held_max = 64u << 20;
     p->idle_exit_ns = 60000000000ull;
-    p->spin_ns = 20000ull;
+    p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
 }
 
@@ -760,8 +760,12 @@ static int sleep_ms(tb_engine_t *e)
     if (!e->events) {
         return (int) ((e->p.sleep_ns + 999999u) / 1000000u);
     }
-    /* Keepalives are due every half second at most (tb_engine_peer.c). */
-    return 0 != tb_eng_peers_unacked(e) ? 1 : 100;
+    if (0 != tb_eng_peers_unacked(e)) {
+        return 1;
+    }
+    /* While traffic flows the channels' timers (delayed acks, keepalives)
+     * want it back soon; after a second of silence only keepalives do. */
+    return tb_eng_now() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
 }
 
 int tb_engine_run(tb_engine_t *e)
@@ -782,6 +786,7 @@ int tb_engine_run(tb_engine_t *e)
         }
         if (work) {
             last_work = now;
+            e->last_traffic_ns = now;
         }
         if (0 == e->nranks) {
             if (!e->ever_attached && now - started > e->p.idle_exit_ns) {

@@ -46,11 +46,13 @@ typedef struct tb_engine_params {
     uint64_t idle_exit_ns;  /* exit when no rank attached for this long */
     uint64_t spin_ns;       /* poll without sleeping this long after the last work */
     uint64_t sleep_ns;      /* longest sleep while channels are open */
+    int events;             /* sleep on the devices' completion events where they have them */
 } tb_engine_params_t;
 
 /* Credit window 4 MiB, 64 MiB held per rank, exit after 60 s without a rank,
- * spin 20 us, sleep at most 1 ms where the devices have no completion events
- * (100 ms where they have: a completion wakes the engine). */
+ * spin 1 ms, sleep at most 1 ms; completion events off (with them, where the
+ * devices have them, a completion wakes the engine: sleeps of 20 ms while
+ * traffic flows, 100 ms after a second without). */
 void tb_engine_params_default(tb_engine_params_t *p);
 
 /* The largest message between two ranks through engines (a put or get of

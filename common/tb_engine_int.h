@@ -161,6 +161,7 @@ struct tb_engine {
     bool ever_attached;
     bool finished; /* every rank left: the job is over on this host */
     bool events;   /* every device has completion events (armed before sleeping) */
+    uint64_t last_traffic_ns; /* the last loop that found work */
     uint64_t last_detach_ns;
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;

@@ -59,7 +59,7 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         }
         tb_domain_params_default(&dp);
         dp.qp_budget = TB_APPLE_MAX_QP;
-        dp.events = 1;
+        dp.events = e->p.events;
         if (0 != tb_domain_create(&e->devlist.verbs, dev, &dp, &d->dom)) {
             TB_WARN("not using %s: it cannot be opened for traffic (details above)", dev->name);
             continue;
@@ -249,15 +249,6 @@ static void channel_params(tb_engine_t *e, tb_channel_params_t *c)
         c->rto_max_ns = c->rto_min_ns;
     }
     c->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
-    /* An idle engine sleeps between keepalives: ten per timeout, at most
-     * two a second, are enough to notice a dead peer in time. */
-    c->keepalive_ns = c->peer_timeout_ns / 10;
-    if (c->keepalive_ns > 500000000ull) {
-        c->keepalive_ns = 500000000ull;
-    }
-    if (c->keepalive_ns < 10000000ull) {
-        c->keepalive_ns = 10000000ull;
-    }
     c->max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
 }
 

@@ -48,7 +48,7 @@ static void usage(void)
             "         [--if-exclude PATTERNS] [--lanes 1|2] [--small-frame-size BYTES]\n"
             "         [--bulk-frame-size BYTES] [--recv-depth N] [--peer-timeout-ms MS]\n"
             "         [--rto-min-us US] [--checksum full|header] [--credit-window BYTES]\n"
-            "         [--spin-us US]\n"
+            "         [--spin-us US] [--events 0|1]\n"
             "         [--verbose 0..4]\n"
             "The host engine of tbrdma: started by the first rank of an MPI job on a host.\n");
 }
@@ -69,6 +69,7 @@ int main(int argc, char **argv)
         {"checksum", required_argument, NULL, 'c'},
         {"credit-window", required_argument, NULL, 'w'},
         {"spin-us", required_argument, NULL, 'S'},
+        {"events", required_argument, NULL, 'E'},
         {"verbose", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -122,6 +123,10 @@ int main(int argc, char **argv)
         case 'w':
             if (parse_u64("credit-window", optarg, 1u << 30, &v)) return 2;
             p.credit_window = v;
+            break;
+        case 'E':
+            if (parse_u64("events", optarg, 1, &v)) return 2;
+            p.events = (int) v;
             break;
         case 'S':
             if (parse_u64("spin-us", optarg, 1000000, &v)) return 2;
