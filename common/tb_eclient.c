@@ -175,12 +175,38 @@ static void engine_log_tail(const char *dir, char *buf, size_t len)
     fclose(f);
 }
 
+/* pid runs (a zombie does not: an engine whose parent is an init that
+ * does not reap is dead all the same). */
+static bool pid_running(pid_t pid)
+{
+    if (pid <= 0 || (0 != kill(pid, 0) && EPERM != errno)) {
+        return false;
+    }
+#if defined(__linux__)
+    {
+        char path[64], buf[256], *p;
+        FILE *f;
+        size_t n;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        f = fopen(path, "r");
+        if (f) {
+            n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            p = strrchr(buf, ')');
+            if (p && p[1] == ' ' && p[2] == 'Z') {
+                return false;
+            }
+        }
+    }
+#endif
+    return true;
+}
+
 /* The engine named in dir's pid file runs. */
 static bool engine_alive(const char *dir)
 {
-    pid_t pid = tb_engine_pid_owner(dir);
-
-    return pid > 0 && (0 == kill(pid, 0) || EPERM == errno);
+    return pid_running(tb_engine_pid_owner(dir));
 }
 
 /* Connect to the engine, starting it if this rank is the first: under the
@@ -583,7 +609,7 @@ static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *
     }
     if (0 == recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT)) {
         pid_t pid = (pid_t) tb_wire_le32(c->info.engine_pid);
-        if (0 == kill(pid, 0) || EPERM == errno) {
+        if (pid_running(pid)) {
             snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) dropped this "
                      "process; its log: %s/engine.log", (int) pid, c->dir);
         } else {
