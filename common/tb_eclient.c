@@ -609,7 +609,14 @@ static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *
     }
     if (0 == recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT)) {
         pid_t pid = (pid_t) tb_wire_le32(c->info.engine_pid);
-        if (pid_running(pid)) {
+        bool running = pid_running(pid);
+        /* A killed process closes its descriptors before it is gone: give
+         * it a moment to finish dying before calling it alive. */
+        for (int i = 0; running && i < 40; ++i) {
+            sleep_ms(5);
+            running = pid_running(pid);
+        }
+        if (running) {
             snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) dropped this "
                      "process; its log: %s/engine.log", (int) pid, c->dir);
         } else {
