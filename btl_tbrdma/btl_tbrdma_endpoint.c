@@ -126,30 +126,6 @@ static void chan_error(void *ctx, int status, const char *why)
     mca_btl_tbrdma_endpoint_fail(ctx, why);
 }
 
-static void channel_params(tb_channel_params_t *p)
-{
-    const tb_tunables_t *t = &mca_btl_tbrdma_component.tunables;
-    unsigned lane;
-
-    tb_channel_params_default(p);
-    p->nlanes = (unsigned) t->lanes;
-    p->frame_size[0] = t->small_frame_size;
-    p->frame_size[1] = t->bulk_frame_size;
-    for (lane = 0; lane < TB_WIRE_MAX_LANES; ++lane) {
-        p->recv_depth[lane] = (unsigned) t->recv_depth;
-    }
-    p->recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
-    p->payload_crc = TB_CHECKSUM_FULL == t->checksum;
-    p->rto_min_ns = (uint64_t) t->rto_min_us * 1000u;
-    if (p->rto_max_ns < p->rto_min_ns) {
-        p->rto_max_ns = p->rto_min_ns;
-    }
-    p->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
-    /* What this side agreed to receive bounds what a peer can make it
-     * allocate for one message. */
-    p->max_msg_size = TBRDMA_MAX_MSG;
-}
-
 /* Create the endpoint's connection (QPs, registered slots, channel). */
 static int endpoint_make_conn(mca_btl_base_endpoint_t *ep)
 {
@@ -165,7 +141,10 @@ static int endpoint_make_conn(mca_btl_base_endpoint_t *ep)
     char cable[160];
     int rc;
 
-    channel_params(&params);
+    tb_tunables_channel_params(&mca_btl_tbrdma_component.tunables, &params);
+    /* What this side agreed to receive bounds what a peer can make it
+     * allocate for one message. */
+    params.max_msg_size = TBRDMA_MAX_MSG;
     rc = tb_conn_create(ep->module->domain, &params, &cb, &ep->conn);
     if (0 != rc) {
         cable_string(ep, cable, sizeof(cable));

@@ -235,6 +235,23 @@ static int tbrdma_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_en
     return rc;
 }
 
+/* ob1's header and payload_size bytes of data, one after the other at dst.
+ * OPAL_SUCCESS, or OPAL_ERROR when the convertor packs less. */
+static int pack_message(unsigned char *dst, const void *header, size_t header_size,
+                        struct opal_convertor_t *convertor, size_t payload_size)
+{
+    uint32_t iov_count = 1;
+    struct iovec iov = {.iov_base = dst + header_size, .iov_len = payload_size};
+    size_t packed = payload_size;
+
+    memcpy(dst, header, header_size);
+    if (payload_size && (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
+                         packed != payload_size)) {
+        return OPAL_ERROR;
+    }
+    return OPAL_SUCCESS;
+}
+
 /* Pack ob1's header and data straight into a send slot and post it, when
  * the channel can take the message at once: no descriptor, no copy through
  * it, complete on return.  OPAL_ERR_OUT_OF_RESOURCE when it cannot. */
@@ -249,19 +266,12 @@ static int sendi_direct(struct mca_btl_base_endpoint_t *endpoint,
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     slot = tb_channel_send_begin(ch, tag, header_size + payload_size);
     if (NULL != slot) {
-        memcpy(slot, header, header_size);
-        if (payload_size) {
-            uint32_t iov_count = 1;
-            struct iovec iov = {.iov_base = slot + header_size, .iov_len = payload_size};
-            size_t packed = payload_size;
-            if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
-                packed != payload_size) {
-                tb_channel_send_cancel(ch);
-                OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
-                return OPAL_ERROR;
-            }
+        rc = pack_message(slot, header, header_size, convertor, payload_size);
+        if (OPAL_SUCCESS == rc) {
+            rc = TB_CHAN_OK == tb_channel_send_commit(ch) ? OPAL_SUCCESS : OPAL_ERR_UNREACH;
+        } else {
+            tb_channel_send_cancel(ch);
         }
-        rc = TB_CHAN_OK == tb_channel_send_commit(ch) ? OPAL_SUCCESS : OPAL_ERR_UNREACH;
     }
     OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
     return rc;
@@ -278,17 +288,7 @@ static int sendi_engine(struct mca_btl_base_endpoint_t *endpoint,
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     slot = mca_btl_tbrdma_engine_send_begin(endpoint, tag, header_size + payload_size);
     if (NULL != slot) {
-        memcpy(slot, header, header_size);
-        rc = OPAL_SUCCESS;
-        if (payload_size) {
-            uint32_t iov_count = 1;
-            struct iovec iov = {.iov_base = slot + header_size, .iov_len = payload_size};
-            size_t packed = payload_size;
-            if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
-                packed != payload_size) {
-                rc = OPAL_ERROR;
-            }
-        }
+        rc = pack_message(slot, header, header_size, convertor, payload_size);
         if (OPAL_SUCCESS == rc) {
             mca_btl_tbrdma_engine_send_commit();
         } else {
@@ -329,17 +329,10 @@ static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
     if (NULL == frag) {
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
-    memcpy(frag->segment.seg_addr.pval, header, header_size);
-    if (payload_size) {
-        uint32_t iov_count = 1;
-        struct iovec iov = {.iov_base = (char *) frag->segment.seg_addr.pval + header_size,
-                            .iov_len = payload_size};
-        size_t packed = payload_size;
-        if (opal_convertor_pack(convertor, &iov, &iov_count, &packed) < 0 ||
-            packed != payload_size) {
-            mca_btl_tbrdma_frag_return(frag);
-            return OPAL_ERROR;
-        }
+    if (OPAL_SUCCESS != pack_message(frag->segment.seg_addr.pval, header, header_size, convertor,
+                                     payload_size)) {
+        mca_btl_tbrdma_frag_return(frag);
+        return OPAL_ERROR;
     }
     frag->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP | flags;
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);

@@ -231,27 +231,6 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
     p->destroy = NULL != p->conn;
 }
 
-static void channel_params(tb_engine_t *e, tb_channel_params_t *c)
-{
-    const tb_tunables_t *t = &e->p.tunables;
-
-    tb_channel_params_default(c);
-    c->nlanes = (unsigned) t->lanes;
-    c->frame_size[0] = t->small_frame_size;
-    c->frame_size[1] = t->bulk_frame_size;
-    for (unsigned l = 0; l < TB_WIRE_MAX_LANES; ++l) {
-        c->recv_depth[l] = (unsigned) t->recv_depth;
-    }
-    c->recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
-    c->payload_crc = TB_CHECKSUM_FULL == t->checksum;
-    c->rto_min_ns = (uint64_t) t->rto_min_us * 1000u;
-    if (c->rto_max_ns < c->rto_min_ns) {
-        c->rto_max_ns = c->rto_min_ns;
-    }
-    c->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
-    c->max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
-}
-
 static int peer_make_conn(eng_peer_t *p)
 {
     tb_channel_callbacks_t cb = {
@@ -259,7 +238,8 @@ static int peer_make_conn(eng_peer_t *p)
     tb_channel_params_t params;
     int rc;
 
-    channel_params(p->e, &params);
+    tb_tunables_channel_params(&p->e->p.tunables, &params);
+    params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
     rc = tb_conn_create(p->e->devs[p->dev].dom, &params, &cb, &p->conn);
     if (0 != rc) {
         p->conn = NULL;

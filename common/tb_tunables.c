@@ -2,6 +2,7 @@
  * tbrdma common layer: the user-settable parameters and their validation.
  */
 #include "tb_tunables.h"
+#include "tb_channel.h"
 #include "tb_device.h"
 #include "tb_namefilter.h"
 
@@ -132,4 +133,22 @@ const char *tb_checksum_mode_name(int mode)
     default:
         return NULL;
     }
+}
+
+void tb_tunables_channel_params(const tb_tunables_t *t, struct tb_channel_params *p)
+{
+    tb_channel_params_default(p);
+    p->nlanes = (unsigned) t->lanes;
+    p->frame_size[0] = t->small_frame_size;
+    p->frame_size[1] = t->bulk_frame_size;
+    for (unsigned lane = 0; lane < TB_WIRE_MAX_LANES; ++lane) {
+        p->recv_depth[lane] = (unsigned) t->recv_depth;
+    }
+    p->recv_depth_max = TB_APPLE_MAX_RECV_DEPTH;
+    p->payload_crc = TB_CHECKSUM_FULL == t->checksum;
+    p->rto_min_ns = (uint64_t) t->rto_min_us * 1000u;
+    if (p->rto_max_ns < p->rto_min_ns) {
+        p->rto_max_ns = p->rto_min_ns;
+    }
+    p->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
 }

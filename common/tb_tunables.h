@@ -36,6 +36,12 @@ void tb_tunables_defaults(tb_tunables_t *t);
  * parameter as <prefix><name>, the bad value and the allowed range. */
 int tb_tunables_validate(const tb_tunables_t *t, const char *prefix, char *err, size_t errlen);
 
+/* The channel parameters the tunables set (lanes, frames, depth, checksum,
+ * retransmit floor, peer timeout), the rest at their defaults; the caller
+ * sets max_msg_size. */
+struct tb_channel_params;
+void tb_tunables_channel_params(const tb_tunables_t *t, struct tb_channel_params *p);
+
 /* "full"/"header" <-> tb_checksum_mode_t; -1 for an unknown name. */
 int tb_checksum_mode_parse(const char *name);
 const char *tb_checksum_mode_name(int mode);
