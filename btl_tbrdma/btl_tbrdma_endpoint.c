@@ -12,6 +12,7 @@
  */
 #include "tb_config.h"
 #include "btl_tbrdma.h"
+#include "tb_clock.h"
 
 #include "opal/util/show_help.h"
 
@@ -44,10 +45,7 @@ OBJ_CLASS_INSTANCE(mca_btl_base_endpoint_t, opal_list_item_t, endpoint_construct
 
 uint64_t mca_btl_tbrdma_now_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+    return tb_now_ns();
 }
 
 static uint64_t name_key(const opal_process_name_t *name)

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tb_clock.h"
 #include "tb_engine.h"
 #include "tb_random.h"
 #include "tb_shm_ring.h"
@@ -36,14 +37,6 @@ struct tb_eclient {
     bool lost;
     uint64_t last_check_ns;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
-}
 
 static void sleep_ms(unsigned ms)
 {
@@ -214,7 +207,7 @@ static bool engine_alive(const char *dir)
 static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *key, char *err,
                        size_t errlen)
 {
-    uint64_t deadline = now_ns() + p->timeout_ns;
+    uint64_t deadline = tb_now_ns() + p->timeout_ns;
     char path[512], sock[512], tail[300];
     bool spawned = false;
     int lock, fd = -1;
@@ -234,7 +227,7 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             return -1;
         }
         while (0 != flock(lock, LOCK_EX | LOCK_NB)) {
-            if (now_ns() > deadline) {
+            if (tb_now_ns() > deadline) {
                 snprintf(err, errlen, "timed out waiting for another rank to start the engine "
                          "(lock %s)", path);
                 close(lock);
@@ -265,7 +258,7 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             }
             spawned = true;
         }
-        if (now_ns() > deadline) {
+        if (tb_now_ns() > deadline) {
             engine_log_tail(dir, tail, sizeof(tail));
             snprintf(err, errlen, "the engine did not start within %llu s%s%s",
                      (unsigned long long) (p->timeout_ns / 1000000000ull),
@@ -690,9 +683,9 @@ void tb_eclient_detach(tb_eclient_t *c)
         return;
     }
     if (!c->lost) {
-        uint64_t end = now_ns() + 1000000000ull;
+        uint64_t end = tb_now_ns() + 1000000000ull;
         /* BYE must get into the ring: the engine reads it before the close. */
-        while (0 != put_record(c, TB_EREC_BYE, 0, 0, 0, NULL, 0) && now_ns() < end
+        while (0 != put_record(c, TB_EREC_BYE, 0, 0, 0, NULL, 0) && tb_now_ns() < end
                && !c->tx.broken) {
             sleep_ms(1);
         }

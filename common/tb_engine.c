@@ -21,14 +21,6 @@
 #include "tb_random.h"
 #include "tb_usock.h"
 
-uint64_t tb_eng_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
-}
-
 void tb_engine_params_default(tb_engine_params_t *p)
 {
     memset(p, 0, sizeof(*p));
@@ -419,7 +411,7 @@ static void rank_free(eng_rank_t *r)
     r->e = e;
     r->slot = (unsigned) (r - e->ranks);
     e->nranks--;
-    e->last_detach_ns = tb_eng_now();
+    e->last_detach_ns = tb_now_ns();
 }
 
 void tb_eng_rank_fail(eng_rank_t *r, const char *why)
@@ -765,18 +757,18 @@ static int sleep_ms(tb_engine_t *e)
     }
     /* While traffic flows the channels' timers (delayed acks, keepalives)
      * want it back soon; after a second of silence only keepalives do. */
-    return tb_eng_now() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
+    return tb_now_ns() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
 }
 
 int tb_engine_run(tb_engine_t *e)
 {
-    uint64_t now = tb_eng_now(), last_work = now, last_sockets = 0, drain_end = 0;
+    uint64_t now = tb_now_ns(), last_work = now, last_sockets = 0, drain_end = 0;
     uint64_t started = now;
 
     for (;;) {
         int work = 0;
 
-        now = tb_eng_now();
+        now = tb_now_ns();
         work += tb_eng_devices_progress(e, now);
         work += ranks_progress(e);
         work += tb_eng_peers_progress(e, now);
@@ -821,14 +813,14 @@ int tb_engine_run(tb_engine_t *e)
          * flag and the events first, then one more look, so what came in
          * between is not missed. */
         set_waiting(e, true);
-        if (!rings_readable(e) && arm_devices(e) && 0 == tb_eng_devices_progress(e, tb_eng_now())) {
+        if (!rings_readable(e) && arm_devices(e) && 0 == tb_eng_devices_progress(e, tb_now_ns())) {
             int ms = sleep_ms(e);
             if (poll_sockets(e, ms)) {
-                last_work = tb_eng_now();
+                last_work = tb_now_ns();
             }
-            last_sockets = tb_eng_now();
+            last_sockets = tb_now_ns();
         } else {
-            last_work = tb_eng_now();
+            last_work = tb_now_ns();
         }
         set_waiting(e, false);
     }

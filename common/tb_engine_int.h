@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "tb_clock.h"
 #include "tb_cm.h"
 #include "tb_device.h"
 #include "tb_domain.h"
@@ -167,7 +168,6 @@ struct tb_engine {
     unsigned npeers;
 };
 
-uint64_t tb_eng_now(void);
 
 /* tb_engine.c: ranks. */
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid);

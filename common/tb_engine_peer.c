@@ -275,7 +275,7 @@ void tb_eng_peer_dial(eng_peer_t *p)
     tb_conn_local_addr(p->conn, &local);
     inet_ntop(AF_INET, &a, ip, sizeof(ip));
     rc = tb_cm_connect(e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p,
-                       tb_eng_now());
+                       tb_now_ns());
     if (TB_CM_OK != rc) {
         peer_fail(p, TB_CHAN_ELINK, tb_cm_strerror(rc));
     }
@@ -342,7 +342,7 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
             tb_conn_destroy(p->conn);
             p->conn = NULL;
             p->state = ENG_PEER_IDLE;
-            p->redial_at = tb_eng_now() + (wait < 500000000ull ? wait : 500000000ull);
+            p->redial_at = tb_now_ns() + (wait < 500000000ull ? wait : 500000000ull);
             return;
         }
         peer_fail(p, TB_CHAN_ELINK, why);
@@ -352,7 +352,7 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
         peer_fail(p, TB_CHAN_EPROTO, "its queue-pair address is not on the device it published");
         return;
     }
-    rc = tb_conn_connect(p->conn, peer, tb_eng_now());
+    rc = tb_conn_connect(p->conn, peer, tb_now_ns());
     if (TB_CHAN_OK != rc) {
         peer_fail(p, rc, tb_channel_strerror(rc));
         return;
@@ -809,9 +809,9 @@ void tb_eng_peers_close(tb_engine_t *e)
         }
     }
     /* Long enough for the CLOSE frames to leave. */
-    end = tb_eng_now() + 20000000ull;
-    while (tb_eng_now() < end) {
-        (void) tb_eng_devices_progress(e, tb_eng_now());
+    end = tb_now_ns() + 20000000ull;
+    while (tb_now_ns() < end) {
+        (void) tb_eng_devices_progress(e, tb_now_ns());
     }
 }
 
