@@ -50,6 +50,18 @@ static const struct {
     TB_VERBS_SYM(ack_cq_events, "ibv_ack_cq_events"),
 };
 
+/* With the default library, a definition already in the process's global
+ * scope wins: the application's own verbs library, or an interposer
+ * preloaded in front of it (the virtual cluster's strict mode, tracing
+ * tools), which calling the loaded copy directly would bypass.  A library
+ * the user named is used as it is. */
+static void *lookup(const tb_verbs_t *verbs, const char *name, bool named)
+{
+    void *sym = named ? NULL : dlsym(RTLD_DEFAULT, name);
+
+    return sym ? sym : dlsym(verbs->handle, name);
+}
+
 int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
 {
     const char *dlerr;
@@ -81,15 +93,7 @@ int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
     }
 
     for (i = 0; i < sizeof(verbs_symbols) / sizeof(verbs_symbols[0]); ++i) {
-        /* With the default library, a definition already in the process's
-         * global scope wins: the application's own verbs library, or an
-         * interposer preloaded in front of it (the virtual cluster's strict
-         * mode, tracing tools), which calling the loaded copy directly would
-         * bypass.  A library the user named is used as it is. */
-        void *sym = named ? NULL : dlsym(RTLD_DEFAULT, verbs_symbols[i].name);
-        if (NULL == sym) {
-            sym = dlsym(verbs->handle, verbs_symbols[i].name);
-        }
+        void *sym = lookup(verbs, verbs_symbols[i].name, named);
         if (NULL == sym) {
             snprintf(err, errlen,
                      "the verbs library %s has no %s: it is not a verbs library, or too old "
@@ -100,10 +104,7 @@ int tb_verbs_load(tb_verbs_t *verbs, const char *path, char *err, size_t errlen)
         memcpy((char *) verbs + verbs_symbols[i].offset, &sym, sizeof(sym));
     }
     for (i = 0; i < sizeof(optional_symbols) / sizeof(optional_symbols[0]); ++i) {
-        void *sym = named ? NULL : dlsym(RTLD_DEFAULT, optional_symbols[i].name);
-        if (NULL == sym) {
-            sym = dlsym(verbs->handle, optional_symbols[i].name);
-        }
+        void *sym = lookup(verbs, optional_symbols[i].name, named);
         memcpy((char *) verbs + optional_symbols[i].offset, &sym, sizeof(sym));
     }
     /* Events only whole. */
