@@ -765,6 +765,27 @@ void tb_channel_close(tb_channel_t *ch)
     }
 }
 
+void tb_channel_describe(const tb_channel_t *ch, char *buf, size_t len)
+{
+    size_t n = 0;
+
+    n += (size_t) snprintf(buf, len, "state %d, msg ids next %u deliver %u", (int) ch->state,
+                           ch->next_msg_id, ch->next_deliver);
+    for (unsigned l = 0; l < ch->p.nlanes && n < len; l++) {
+        const tb_tx_lane_t *t = &ch->tx[l];
+        const tb_rx_lane_t *r = &ch->rx[l];
+        n += (size_t) snprintf(buf + n, len - n,
+                               "; lane %u tx: una %u next %u tsn %u limit %u stalled %d dry %d "
+                               "order %d probing %d queued %d rto %llu us; rx: expected %u "
+                               "h_tsn %u posted %u/%u adv %u held %u waiting %u assembling %d",
+                               l, t->una, t->next_seq, t->next_tsn, t->peer_limit, t->stalled,
+                               t->dry_since != 0, t->order_stalled, t->probing, NULL != t->q_cur,
+                               (unsigned long long) (t->rto / 1000), r->expected, r->h_tsn,
+                               r->posted, ch->p.recv_depth[l], r->adv_limit, r->nheld,
+                               r->nwaiting, NULL != r->assembling);
+    }
+}
+
 int tb_channel_is_connected(const tb_channel_t *ch)
 {
     return ch->state == CH_ESTABLISHED;

@@ -252,6 +252,8 @@ void tb_channel_progress(tb_channel_t *ch, uint64_t now);
 
 /* 1 once the peer has answered the HELLO exchange. */
 int tb_channel_is_connected(const tb_channel_t *ch);
+/* The state of every lane, one line for a log: what a stall report needs. */
+void tb_channel_describe(const tb_channel_t *ch, char *buf, size_t len);
 /* 0 while usable, else the status that ended it. */
 int tb_channel_status(const tb_channel_t *ch);
 /* Sends not yet complete (their data not all in send slots yet). */

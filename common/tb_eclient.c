@@ -308,8 +308,9 @@ static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t e
 }
 
 /* The directories of this user's earlier jobs whose engine is gone (killed,
- * so it could not clean up): no live socket, the lock free, the key older
- * than a minute (a job being set up holds its lock, and its key is new). */
+ * so it could not clean up, or it kept its log after a fault): no live
+ * socket, the lock free, nothing created or removed in it for a minute (a
+ * job being set up holds its lock, and its files are new). */
 static void sweep_stale(const char *base, const char *mine)
 {
     static const char *const files[] = {TB_ENGINE_SOCKET, TB_ENGINE_KEY, "engine.log",
@@ -331,8 +332,7 @@ static void sweep_stale(const char *base, const char *mine)
         if (0 == strcmp(dir, mine)) {
             continue;
         }
-        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
-        if (0 != lstat(path, &st) || time(NULL) - st.st_mtime < 60) {
+        if (0 != lstat(dir, &st) || !S_ISDIR(st.st_mode) || time(NULL) - st.st_mtime < 60) {
             continue;
         }
         if (engine_alive(dir)) {

@@ -27,7 +27,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     tb_tunables_defaults(&p->tunables);
     p->tunables.peer_timeout_ms = 5000;
     p->credit_window = 4u << 20;
-    p->held_max = 64u << 20;
+    p->held_max = 8u << 20;
     p->idle_exit_ns = 60000000000ull;
     p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
@@ -321,11 +321,13 @@ static int rank_tx_progress(eng_rank_t *r)
 {
     tb_wire_erec_t h;
     const void *p;
-    uint64_t start, end;
+    uint64_t start, end, taken = 0;
     int n = 0, rc;
 
     r->blocked = false;
-    while (ENG_RANK_ATTACHED == r->state) {
+    /* A share at a time: the devices are polled between shares, however
+     * fast the rank writes (a long pass starves the links' receives). */
+    while (ENG_RANK_ATTACHED == r->state && taken < ENG_TX_SHARE) {
         if (r->txq_len >= ENG_TXQ - 1 || r->held_bytes > r->e->p.held_max) {
             r->blocked = true;
             break;
@@ -351,6 +353,7 @@ static int rank_tx_progress(eng_rank_t *r)
             r->blocked = true;
             break;
         }
+        taken += sizeof(h) + h.len;
         ++n;
     }
     return n;
@@ -422,6 +425,11 @@ void tb_eng_rank_fail(eng_rank_t *r, const char *why)
         return;
     }
     r->state = ENG_RANK_DEAD;
+    if (0 == r->e->faults++) {
+        /* What the links held when the job started to fail. */
+        tb_eng_peers_log_state(r->e);
+        tb_eng_log_loop(r->e);
+    }
     if (r->fd >= 0) {
         /* It learns at once that the engine dropped it. */
         close(r->fd);
@@ -760,21 +768,48 @@ static int sleep_ms(tb_engine_t *e)
     return tb_now_ns() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
 }
 
+static uint64_t phase_end(tb_engine_t *e, int phase, uint64_t start)
+{
+    uint64_t now = tb_now_ns();
+
+    if (now - start > e->max_ns[phase]) {
+        e->max_ns[phase] = now - start;
+    }
+    return now;
+}
+
+void tb_eng_log_loop(const tb_engine_t *e)
+{
+    TB_WARN("the engine's longest loop phases (ms): devices %.1f, ranks %.1f, peers %.1f, "
+            "sockets %.1f, sleep %.1f; longest gap between device polls %.1f",
+            e->max_ns[ENG_PH_DEVICES] / 1e6, e->max_ns[ENG_PH_RANKS] / 1e6,
+            e->max_ns[ENG_PH_PEERS] / 1e6, e->max_ns[ENG_PH_SOCKETS] / 1e6,
+            e->max_ns[ENG_PH_SLEEP] / 1e6, e->max_ns[ENG_PH_GAP] / 1e6);
+}
+
 int tb_engine_run(tb_engine_t *e)
 {
     uint64_t now = tb_now_ns(), last_work = now, last_sockets = 0, drain_end = 0;
-    uint64_t started = now;
+    uint64_t started = now, polled = now, t;
 
     for (;;) {
         int work = 0;
 
         now = tb_now_ns();
+        if (now - polled > e->max_ns[ENG_PH_GAP]) {
+            e->max_ns[ENG_PH_GAP] = now - polled;
+        }
+        polled = now;
         work += tb_eng_devices_progress(e, now);
+        t = phase_end(e, ENG_PH_DEVICES, now);
         work += ranks_progress(e);
+        t = phase_end(e, ENG_PH_RANKS, t);
         work += tb_eng_peers_progress(e, now);
+        t = phase_end(e, ENG_PH_PEERS, t);
         if (now - last_sockets >= 1000000ull) {
             last_sockets = now;
             work += poll_sockets(e, 0);
+            (void) phase_end(e, ENG_PH_SOCKETS, t);
         }
         if (work) {
             last_work = now;
@@ -815,9 +850,11 @@ int tb_engine_run(tb_engine_t *e)
         set_waiting(e, true);
         if (!rings_readable(e) && arm_devices(e) && 0 == tb_eng_devices_progress(e, tb_now_ns())) {
             int ms = sleep_ms(e);
+            t = tb_now_ns();
             if (poll_sockets(e, ms)) {
                 last_work = tb_now_ns();
             }
+            (void) phase_end(e, ENG_PH_SLEEP, t);
             last_sockets = tb_now_ns();
         } else {
             last_work = tb_now_ns();
@@ -934,15 +971,22 @@ void tb_engine_destroy(tb_engine_t *e)
     }
     if (e->finished && tb_engine_pid_owner(e->p.dir) == getpid()) {
         /* The job is over on this host: leave nothing behind, unless a rank
-         * holds the lock to start the next engine (a late rank of the job). */
-        static const char *const files[] = {TB_ENGINE_KEY, "engine.log", TB_ENGINE_PIDFILE,
-                                            TB_ENGINE_LOCK};
+         * holds the lock to start the next engine (a late rank of the job).
+         * After a fault the log (and the lock) stay, for the user the ranks'
+         * messages send there; later jobs sweep them (tb_eclient.c). */
+        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_PIDFILE, TB_ENGINE_LOCK,
+                                            "engine.log"};
+        const size_t nfiles = e->faults ? 2 : sizeof(files) / sizeof(files[0]);
         char path[600];
         int lock;
         snprintf(path, sizeof(path), "%s/%s", e->p.dir, TB_ENGINE_LOCK);
         lock = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (lock >= 0 && 0 == flock(lock, LOCK_EX | LOCK_NB)) {
-            for (unsigned i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
+            if (e->faults) {
+                TB_INFO("%u fault%s in this job: keeping this log", e->faults,
+                        1 == e->faults ? "" : "s");
+            }
+            for (size_t i = 0; i < nfiles; ++i) {
                 snprintf(path, sizeof(path), "%s/%s", e->p.dir, files[i]);
                 (void) unlink(path);
             }

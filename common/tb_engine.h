@@ -49,7 +49,7 @@ typedef struct tb_engine_params {
     int events;             /* sleep on the devices' completion events where they have them */
 } tb_engine_params_t;
 
-/* Credit window 4 MiB, 64 MiB held per rank, exit after 60 s without a rank,
+/* Credit window 4 MiB, 8 MiB held per rank, exit after 60 s without a rank,
  * spin 1 ms, sleep at most 1 ms; completion events off (with them, where the
  * devices have them, a completion wakes the engine: sleeps of 20 ms while
  * traffic flows, 100 ms after a second without). */

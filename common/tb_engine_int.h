@@ -35,6 +35,13 @@ enum {
 };
 
 typedef struct eng_rank eng_rank_t;
+
+/* Bytes of a rank's ring, or of messages waiting for credit, that one pass
+ * of the loop takes before it polls the devices again. */
+#define ENG_TX_SHARE (1u << 20)
+
+enum { ENG_PH_DEVICES, ENG_PH_RANKS, ENG_PH_PEERS, ENG_PH_SOCKETS, ENG_PH_SLEEP, ENG_PH_GAP,
+       ENG_PHASES };
 typedef struct eng_peer eng_peer_t;
 
 /* A rank's SEND in flight in a channel, straight from its ring. */
@@ -161,8 +168,13 @@ struct tb_engine {
     unsigned nranks;
     bool ever_attached;
     bool finished; /* every rank left: the job is over on this host */
+    unsigned faults; /* ranks and peer engines lost: the log is kept */
     bool events;   /* every device has completion events (armed before sleeping) */
     uint64_t last_traffic_ns; /* the last loop that found work */
+    /* The longest each part of the loop took, and the longest gap between
+     * two polls of the devices: a stalled link's report says whether the
+     * engine itself stalled (tb_eng_log_loop). */
+    uint64_t max_ns[ENG_PHASES];
     uint64_t last_detach_ns;
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;
@@ -191,6 +203,10 @@ void tb_eng_devices_close(tb_engine_t *e);
 int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id);
 void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
+/* The loop's longest phases, to the log (after a fault). */
+void tb_eng_log_loop(const tb_engine_t *e);
+/* Each connected channel's state, to the log (after a fault). */
+void tb_eng_peers_log_state(tb_engine_t *e);
 void tb_eng_peer_dial(eng_peer_t *p);
 void tb_eng_peers_dial_waiting(tb_engine_t *e);
 /* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */

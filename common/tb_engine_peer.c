@@ -203,6 +203,47 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
     }
 }
 
+/* What the channel saw, for the log of a failure. */
+static void log_counters(const eng_peer_t *p)
+{
+    const tb_channel_counters_t *c;
+    char state[1200];
+
+    if (NULL == p->conn) {
+        return;
+    }
+    c = tb_channel_counters(tb_conn_channel(p->conn));
+    TB_WARN("its channel: frames sent %llu received %llu, messages sent %llu received %llu, "
+            "timeouts %llu, probes %llu, retransmits %llu, naks %llu/%llu (sent/received), "
+            "out of order %llu, duplicates %llu, stale %llu, malformed %llu, bad checksum %llu, "
+            "credit stalls %llu, credit probes %llu, unacked %zu",
+            (unsigned long long) c->frames_sent, (unsigned long long) c->frames_received,
+            (unsigned long long) c->msgs_sent, (unsigned long long) c->msgs_received,
+            (unsigned long long) c->timeouts, (unsigned long long) c->probes,
+            (unsigned long long) c->retransmits, (unsigned long long) c->naks_sent,
+            (unsigned long long) c->naks_received, (unsigned long long) c->out_of_order,
+            (unsigned long long) c->duplicates, (unsigned long long) c->stale,
+            (unsigned long long) c->malformed, (unsigned long long) c->bad_checksum,
+            (unsigned long long) c->credit_stalls, (unsigned long long) c->credit_probes,
+            tb_channel_unacked(tb_conn_channel(p->conn)));
+    tb_channel_describe(tb_conn_channel(p->conn), state, sizeof(state));
+    TB_WARN("its channel's state: %s", state);
+}
+
+void tb_eng_peers_log_state(tb_engine_t *e)
+{
+    char state[1200];
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i];
+        if (ENG_PEER_CONNECTED == p->state && p->conn) {
+            tb_channel_describe(tb_conn_channel(p->conn), state, sizeof(state));
+            TB_WARN("channel to engine %02x%02x%02x%02x over %s: %s", p->id[0], p->id[1],
+                    p->id[2], p->id[3], e->devs[p->dev].dev->name, state);
+        }
+    }
+}
+
 /* The channel to p is gone: tell every rank, drop what waited. */
 static void peer_fail(eng_peer_t *p, int status, const char *why)
 {
@@ -218,6 +259,9 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
     snprintf(text, sizeof(text), "%s over %s", why, where);
     if (!closed) {
         TB_WARN("lost the engine at the other end of %s: %s", where, why);
+        e->faults++;
+        log_counters(p);
+        tb_eng_log_loop(e);
     }
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
         eng_rank_t *r = &e->ranks[i];
@@ -552,6 +596,7 @@ static int send_waiting(eng_peer_t *p)
 {
     tb_channel_t *ch = peer_channel(p);
     eng_msg_t **pp = &p->wait_head, *m, *prev = NULL;
+    size_t taken = 0;
     int n = 0, rc, src;
 
     if (NULL == ch || NULL == p->wait_head || !p->credit_changed
@@ -563,6 +608,11 @@ static int send_waiting(eng_peer_t *p)
     while ((m = *pp)) {
         uint32_t dst = m->vpid;
         size_t len = m->len - sizeof(tb_wire_emsg_t);
+        if (taken >= ENG_TX_SHARE) {
+            /* The rest in the next pass (see rank_tx_progress). */
+            p->credit_changed = true;
+            break;
+        }
         if (p->blocked[dst] == p->scan_gen || !credit_ok(p, dst, len)) {
             p->blocked[dst] = p->scan_gen;
             prev = m;
@@ -606,6 +656,7 @@ static int send_waiting(eng_peer_t *p)
             break;
         }
         p->used[dst] += (uint32_t) len;
+        taken += len;
         ++n;
     }
     return n;

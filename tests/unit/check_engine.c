@@ -168,29 +168,44 @@ static void params(tb_eclient_params_t *p, const char *job, uint32_t vpid, char 
 
 /* Without a device the engine starts, tells every rank why, and goes,
  * removing the job's directory. */
+/* A job's directory holding names, last changed age seconds ago. */
+static void make_job_dir(const char *dir, const char *const *names, int age)
+{
+    struct timespec old[2] = {{.tv_sec = time(NULL) - age}, {.tv_sec = time(NULL) - age}};
+    char f[600];
+
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    for (; *names; ++names) {
+        snprintf(f, sizeof(f), "%s/%s", dir, *names);
+        fclose(fopen(f, "w"));
+        ck_assert_int_eq(utimensat(AT_FDCWD, f, old, 0), 0);
+    }
+    ck_assert_int_eq(utimensat(AT_FDCWD, dir, old, 0), 0);
+}
+
 START_TEST(attach_no_device)
 {
     static char *args[] = {"--verbs-library", "/nonexistent/libibverbs.so", NULL};
     tb_eclient_params_t p;
     tb_eclient_t *c = NULL;
-    char err[512], sock[512], stale[512];
+    static const char *const killed[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, TB_ENGINE_SOCKET, NULL};
+    static const char *const faulted[] = {TB_ENGINE_LOCK, "engine.log", NULL};
+    char err[512], sock[512], stale[512], kept[512], fresh[512];
     struct stat st;
     int rc;
 
     make_tmpdir();
-    /* An earlier job's directory whose engine was killed: swept away. */
     snprintf(stale, sizeof(stale), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
     ck_assert_int_eq(mkdir(stale, 0700), 0);
+    snprintf(kept, sizeof(kept), "%s/faulted@unit", stale);
+    snprintf(fresh, sizeof(fresh), "%s/new@unit", stale);
     strcat(stale, "/old@unit");
-    ck_assert_int_eq(mkdir(stale, 0700), 0);
-    for (int i = 0; i < 3; ++i) {
-        static const char *const names[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, TB_ENGINE_SOCKET};
-        struct timespec old[2] = {{.tv_sec = time(NULL) - 120}, {.tv_sec = time(NULL) - 120}};
-        char f[600];
-        snprintf(f, sizeof(f), "%s/%s", stale, names[i]);
-        fclose(fopen(f, "w"));
-        ck_assert_int_eq(utimensat(AT_FDCWD, f, old, 0), 0);
-    }
+    /* Swept away: an earlier job's directory whose engine was killed, and
+     * one whose engine kept its log after a fault.  Kept: one touched in the
+     * last minute (a job being set up). */
+    make_job_dir(stale, killed, 120);
+    make_job_dir(kept, faulted, 120);
+    make_job_dir(fresh, killed, 0);
     for (uint32_t vpid = 0; vpid < 3; ++vpid) {
         params(&p, "job1", vpid, args);
         rc = tb_eclient_attach(&p, &c, err, sizeof(err));
@@ -204,6 +219,8 @@ START_TEST(attach_no_device)
     }
     ck_assert_msg(0 != stat(sock, &st), "%s still exists", sock);
     ck_assert_msg(0 != stat(stale, &st), "the stale %s still exists", stale);
+    ck_assert_msg(0 != stat(kept, &st), "the log kept in %s was not swept", kept);
+    ck_assert_msg(0 == stat(fresh, &st), "%s, new, was swept", fresh);
 }
 END_TEST
 
