@@ -189,12 +189,11 @@ static int tbrdma_component_register(void)
                   "sleeps (a doorbell or a completion event wakes it); more lowers latency on "
                   "hosts with a core to spare, less leaves the cores to the ranks",
                   OPAL_INFO_LVL_5, &c->engine_spin_us);
-    c->engine_events = 0;
+    c->engine_events = 1;
     register_int("engine_events",
-                 "1: the host engine sleeps on the devices' completion events where they have "
-                 "them (rxe does), waking less often when idle; 0 (default): it polls every "
-                 "millisecond when idle (with events on, an engine stalled for seconds in the "
-                 "virtual cluster's most crowded test: not yet understood)",
+                 "1 (default): the host engine sleeps on the devices' completion events where "
+                 "they have them (rxe does), so an idle engine wakes every 100 ms; 0: it wakes "
+                 "every millisecond when idle (what it does anyway on devices without events)",
                  OPAL_INFO_LVL_6, &c->engine_events);
     c->engine_verbose = TB_LOG_WARN;
     register_int("engine_verbose",

@@ -31,6 +31,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->idle_exit_ns = 60000000000ull;
     p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
+    p->events = 1;
 }
 
 /* ---- records to a rank --------------------------------------------------- */

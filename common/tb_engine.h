@@ -50,9 +50,9 @@ typedef struct tb_engine_params {
 } tb_engine_params_t;
 
 /* Credit window 4 MiB, 8 MiB held per rank, exit after 60 s without a rank,
- * spin 1 ms, sleep at most 1 ms; completion events off (with them, where the
- * devices have them, a completion wakes the engine: sleeps of 20 ms while
- * traffic flows, 100 ms after a second without). */
+ * spin 1 ms; completion events on: where the devices have them, a
+ * completion wakes the engine, which sleeps 20 ms at a time while traffic
+ * flows and 100 ms after a second without (without them, 1 ms). */
 void tb_engine_params_default(tb_engine_params_t *p);
 
 /* The largest message between two ranks through engines (a put or get of
