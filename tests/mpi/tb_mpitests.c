@@ -3,8 +3,11 @@
  *
  * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [-c SECONDS] [TEST...]
  * TESTs: pingpong storm manytoone anysource noncontig coll osc hold compute
- * (default: all but osc, hold and compute).  compute: rank 1 computes for -c
- * SECONDS (default 75) between two verified ring exchanges.  hold exchanges 64 KiB messages between ranks 0 and 1
+ * stalled (default: all but osc, hold, compute and stalled).  compute: rank 1
+ * computes for -c SECONDS (default 75) between two verified ring exchanges.
+ * stalled (4 ranks or more, placed round-robin on 2 hosts): rank 1 stops
+ * reading for 20 s while rank 0 floods it; ranks 2 and 3 must finish their
+ * own exchange before rank 1 reads again.  hold exchanges 64 KiB messages between ranks 0 and 1
  * for -t SECONDS (default 120), printing "hold: exchanging" once they flow: a
  * job for failure tests to break.  Rank 0 prints "ok: NAME" or "FAIL: NAME:
  * why" per test and a closing "N passed, N failed"; the exit status is
@@ -397,6 +400,80 @@ static int test_compute(void)
     return bad;
 }
 
+/* Ranks 0 and 2 on one host, 1 and 3 on the other (mpirun --map-by node):
+ * rank 0 sends rank 1 STALL_MSGS eager messages while rank 1 calls no MPI for
+ * STALL_S seconds; meanwhile ranks 2 and 3 exchange over the same hosts.
+ * Their exchange must end before rank 1 reads again (rank 3 tells rank 1
+ * when it ended, by its clock, which rank 1 shares): a receiver that stops
+ * reading holds back only what is sent to it. */
+static int test_stalled(void)
+{
+    enum { STALL_S = 20, STALL_MSGS = 512, STALL_LEN = 32 * 1024, ROUNDS = 50, LEN = 64 * 1024 };
+    unsigned char *buf = malloc((size_t) STALL_MSGS * STALL_LEN), *in = malloc(LEN);
+    MPI_Request *req = malloc(STALL_MSGS * sizeof(*req));
+    double done = 0, woke;
+    int bad = 0, go = 1, i;
+
+    if (nranks < 4) {
+        snprintf(why, sizeof(why), "needs 4 ranks");
+        bad = 1;
+        goto out;
+    }
+    switch (rank) {
+    case 0:
+        for (i = 0; i < STALL_MSGS; ++i) {
+            fill(buf + (size_t) i * STALL_LEN, STALL_LEN, (unsigned) i);
+            MPI_Isend(buf + (size_t) i * STALL_LEN, STALL_LEN, MPI_BYTE, 1, 20, MPI_COMM_WORLD,
+                      &req[i]);
+        }
+        /* The flood is under way: rank 2 may start. */
+        MPI_Send(&go, 1, MPI_INT, 2, 21, MPI_COMM_WORLD);
+        MPI_Waitall(STALL_MSGS, req, MPI_STATUSES_IGNORE);
+        break;
+    case 1: {
+        double end = now_s() + STALL_S;
+        while (now_s() < end) {
+            usleep(100000);
+        }
+        woke = now_s();
+        for (i = 0; i < STALL_MSGS && !bad; ++i) {
+            MPI_Recv(buf, STALL_LEN, MPI_BYTE, 0, 20, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            bad = verify(buf, STALL_LEN, (unsigned) i, "stalled: the flood");
+        }
+        MPI_Recv(&done, 1, MPI_DOUBLE, 3, 22, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (!bad && done >= woke) {
+            snprintf(why, sizeof(why), "ranks 2 and 3 finished %.1f s after rank 1 read again: "
+                     "head-of-line blocking behind a stalled receiver", done - woke);
+            bad = 1;
+        }
+        break;
+    }
+    case 2:
+    case 3:
+        if (2 == rank) {
+            MPI_Recv(&go, 1, MPI_INT, 0, 21, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        for (i = 0; i < ROUNDS && !bad; ++i) {
+            fill(buf, LEN, (unsigned) (rank + 10 * i));
+            MPI_Sendrecv(buf, LEN, MPI_BYTE, rank ^ 1, 23, in, LEN, MPI_BYTE, rank ^ 1, 23,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            bad = verify(in, LEN, (unsigned) ((rank ^ 1) + 10 * i), "stalled: the exchange");
+        }
+        if (3 == rank) {
+            done = now_s();
+            MPI_Send(&done, 1, MPI_DOUBLE, 1, 22, MPI_COMM_WORLD);
+        }
+        break;
+    default:
+        break;
+    }
+out:
+    free(buf);
+    free(in);
+    free(req);
+    return bad;
+}
+
 static const struct {
     const char *name;
     int (*fn)(void);
@@ -405,6 +482,7 @@ static const struct {
     {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
     {"osc", test_osc, 0},           {"hold", test_hold, 0},       {"compute", test_compute, 0},
+    {"stalled", test_stalled, 0},
 };
 
 static void run(int t, int *passed, int *failed)
