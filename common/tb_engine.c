@@ -975,7 +975,8 @@ void tb_engine_destroy(tb_engine_t *e)
          * holds the lock to start the next engine (a late rank of the job).
          * After a fault the log (and the lock) stay, for the user the ranks'
          * messages send there; later jobs sweep them (tb_eclient.c). */
-        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_PIDFILE, TB_ENGINE_LOCK,
+        static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_PIDFILE,
+                                            /* kept after a fault: */ TB_ENGINE_LOCK,
                                             "engine.log"};
         const size_t nfiles = e->faults ? 2 : sizeof(files) / sizeof(files[0]);
         char path[600];

@@ -34,14 +34,16 @@ enum {
     ENG_COOKIE_MSG = 2, /* an eng_msg_t the engine owns */
 };
 
-typedef struct eng_rank eng_rank_t;
-
 /* Bytes of a rank's ring, or of messages waiting for credit, that one pass
  * of the loop takes before it polls the devices again. */
 #define ENG_TX_SHARE (1u << 20)
 
+/* The parts of the loop timed for tb_eng_log_loop (GAP: between two polls
+ * of the devices). */
 enum { ENG_PH_DEVICES, ENG_PH_RANKS, ENG_PH_PEERS, ENG_PH_SOCKETS, ENG_PH_SLEEP, ENG_PH_GAP,
        ENG_PHASES };
+
+typedef struct eng_rank eng_rank_t;
 typedef struct eng_peer eng_peer_t;
 
 /* A rank's SEND in flight in a channel, straight from its ring. */
@@ -179,7 +181,6 @@ struct tb_engine {
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;
 };
-
 
 /* tb_engine.c: ranks. */
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid);

@@ -203,11 +203,20 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
     }
 }
 
+/* The lanes of p's channel, to the log. */
+static void log_channel_state(const eng_peer_t *p)
+{
+    char state[1200];
+
+    tb_channel_describe(tb_conn_channel(p->conn), state, sizeof(state));
+    TB_WARN("channel to engine %02x%02x%02x%02x over %s: %s", p->id[0], p->id[1], p->id[2],
+            p->id[3], p->e->devs[p->dev].dev->name, state);
+}
+
 /* What the channel saw, for the log of a failure. */
 static void log_counters(const eng_peer_t *p)
 {
     const tb_channel_counters_t *c;
-    char state[1200];
 
     if (NULL == p->conn) {
         return;
@@ -226,20 +235,15 @@ static void log_counters(const eng_peer_t *p)
             (unsigned long long) c->malformed, (unsigned long long) c->bad_checksum,
             (unsigned long long) c->credit_stalls, (unsigned long long) c->credit_probes,
             tb_channel_unacked(tb_conn_channel(p->conn)));
-    tb_channel_describe(tb_conn_channel(p->conn), state, sizeof(state));
-    TB_WARN("its channel's state: %s", state);
+    log_channel_state(p);
 }
 
 void tb_eng_peers_log_state(tb_engine_t *e)
 {
-    char state[1200];
-
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
         if (ENG_PEER_CONNECTED == p->state && p->conn) {
-            tb_channel_describe(tb_conn_channel(p->conn), state, sizeof(state));
-            TB_WARN("channel to engine %02x%02x%02x%02x over %s: %s", p->id[0], p->id[1],
-                    p->id[2], p->id[3], e->devs[p->dev].dev->name, state);
+            log_channel_state(p);
         }
     }
 }
