@@ -24,6 +24,7 @@
 #include "tb_engine.h"
 #include "tb_random.h"
 #include "tb_shm_ring.h"
+#include "tb_shm_segment.h"
 #include "tb_usock.h"
 
 struct tb_eclient {
@@ -275,24 +276,11 @@ out:
 
 static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t errlen)
 {
-    char name[64];
     int fd;
 
     c->seg_len = tb_shm_ring_segment_size(ring_size);
-    snprintf(name, sizeof(name), "/tbrdma-%d-%llx", (int) getpid(),
-             (unsigned long long) tb_random64());
-    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    fd = tb_shm_segment_create(c->seg_len, err, errlen);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot create shared memory for the engine (shm_open): %s",
-                 strerror(errno));
-        return -1;
-    }
-    /* Unnamed at once: nothing is left behind, whatever happens to us. */
-    (void) shm_unlink(name);
-    if (0 != ftruncate(fd, (off_t) c->seg_len)) {
-        snprintf(err, errlen, "cannot size %zu bytes of shared memory for the engine: %s",
-                 c->seg_len, strerror(errno));
-        close(fd);
         return -1;
     }
     c->seg = mmap(NULL, c->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

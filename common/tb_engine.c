@@ -19,6 +19,7 @@
 
 #include "tb_log.h"
 #include "tb_random.h"
+#include "tb_shm_segment.h"
 #include "tb_usock.h"
 
 void tb_engine_params_default(tb_engine_params_t *p)
@@ -488,7 +489,7 @@ static void accept_rank(tb_engine_t *e)
     eng_rank_t *r = NULL;
     uid_t uid;
     pid_t pid;
-    struct stat st;
+    const char *why;
     int fd, shm = -1;
     unsigned i;
     void *seg;
@@ -535,9 +536,13 @@ static void accept_rank(tb_engine_t *e)
     }
     seg_len = tb_shm_ring_segment_size(tb_wire_le64(req.ring_size));
     if (e->ndev && (!tb_shm_ring_size_ok(tb_wire_le64(req.ring_size))
-                    || tb_wire_le64(req.ring_size) < TB_ENGINE_MIN_RING || shm < 0
-                    || 0 != fstat(shm, &st) || (size_t) st.st_size < seg_len)) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "bad shared memory for the rings");
+                    || tb_wire_le64(req.ring_size) < TB_ENGINE_MIN_RING)) {
+        reply_attach(e, fd, TB_EATTACH_REFUSED, "bad ring size");
+        goto refuse;
+    }
+    /* A segment the rank could still shrink would fault the engine's accesses. */
+    if (e->ndev && NULL != (why = tb_shm_segment_check(shm, seg_len))) {
+        reply_attach(e, fd, TB_EATTACH_REFUSED, why);
         goto refuse;
     }
     memset(r, 0, sizeof(*r));

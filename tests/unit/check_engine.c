@@ -4,12 +4,15 @@
  * engine started on demand, which on this machine has no device and must
  * say why to every rank, then exit and leave no socket behind.
  */
+#include "tb_config.h"
+
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,6 +20,7 @@
 #include "tb_eclient.h"
 #include "tb_engine.h"
 #include "tb_shm_ring.h"
+#include "tb_shm_segment.h"
 
 #define RING (64u * 1024u)
 
@@ -249,6 +253,32 @@ START_TEST(attach_refusals)
 }
 END_TEST
 
+/* The segment a rank hands its engine cannot be shrunk under the engine's
+ * mapping (its accesses would fault), and the engine refuses one that could. */
+START_TEST(segment_sealed)
+{
+    size_t len = tb_shm_ring_segment_size(TB_SHM_RING_MIN);
+    char err[256];
+    int fd = tb_shm_segment_create(len, err, sizeof(err));
+
+    ck_assert_msg(fd >= 0, "%s", err);
+    ck_assert_ptr_null(tb_shm_segment_check(fd, len));
+    ck_assert_ptr_nonnull(tb_shm_segment_check(fd, len + 1));
+    ck_assert_ptr_nonnull(tb_shm_segment_check(-1, len));
+#ifdef HAVE_MEMFD_CREATE
+    ck_assert_int_ne(ftruncate(fd, (off_t) len / 2), 0);
+    ck_assert_int_ne(ftruncate(fd, (off_t) len * 2), 0);
+    close(fd);
+    /* Unsealed: refused, though big enough. */
+    fd = memfd_create("unsealed", MFD_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, (off_t) len), 0);
+    ck_assert_msg(NULL != tb_shm_segment_check(fd, len), "an unsealed segment was accepted");
+#endif
+    close(fd);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -263,6 +293,7 @@ int main(void)
     tcase_add_test(tc, ring_hostile_consumer);
     tcase_add_test(tc, attach_no_device);
     tcase_add_test(tc, attach_refusals);
+    tcase_add_test(tc, segment_sealed);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
