@@ -1,0 +1,280 @@
+/*
+ * What the host engine adds to a message's latency, measured natively: the
+ * two shared-memory hops (sending rank -> its engine, far engine -> receiving
+ * rank) that the direct path does not take.  Everything else on the engine
+ * path (the channel, the post, the poll) the direct path pays as well, in
+ * the rank instead of the engine.
+ *
+ * A "rank" thread and an "engine" thread, pinned to two cores, ping-pong
+ * 8 B records over tbrdma's own rings (tb_shm_ring) in one shared mapping:
+ * the rank commits a SEND record, the engine consumes it and commits a RECV
+ * record back, the rank consumes that.  One round trip is one rank -> engine
+ * hop and one engine -> rank hop: the engine path's added one-way latency.
+ * With --ranks K the engine also watches K - 1 idle ranks' rings in each
+ * pass, as an engine serving K ranks per host does.
+ *
+ * Prints "hop_rtt_ns_K <median ns per round trip>" for each K, and
+ * "hop_cpu_ns_per_record <ns>": the rings' own CPU cost per record, written
+ * and read on one thread.
+ *
+ *   tb_ring_hop [--trips N] [--ranks K]...
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb_shm_ring.h"
+
+#define RING_SIZE (1u << 20)
+#define BATCHES 9
+#define MAX_RANKS 64
+
+typedef struct seg {
+    void *base;
+    tb_shm_ring_t rank_tx, rank_rx; /* the rank's views: it produces ring 0, consumes ring 1 */
+    tb_shm_ring_t eng_rx, eng_tx;   /* the engine's views of the same rings */
+} seg_t;
+
+typedef struct bench {
+    seg_t segs[MAX_RANKS];
+    unsigned nranks;
+    atomic_int stop;
+    int engine_failed;
+} bench_t;
+
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+static void pin(unsigned cpu)
+{
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void) pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+#else
+    (void) cpu;
+#endif
+}
+
+static int send_record(tb_shm_ring_t *r, uint8_t type, const void *payload, size_t len)
+{
+    tb_wire_erec_t *rec;
+    while (NULL == (rec = tb_shm_ring_reserve(r, len))) {
+        if (r->broken) {
+            return -1;
+        }
+    }
+    rec->type = type;
+    rec->tag = 1;
+    rec->link = 0;
+    rec->vpid = 0;
+    rec->reserved = 0;
+    memcpy(rec + 1, payload, len);
+    (void) tb_shm_ring_commit(r);
+    return 0;
+}
+
+/* Each pass looks at every rank's ring once, as the engine's loop does. */
+static void *engine_main(void *arg)
+{
+    bench_t *b = arg;
+    pin(1);
+    while (!atomic_load_explicit(&b->stop, memory_order_relaxed)) {
+        for (unsigned i = 0; i < b->nranks; i++) {
+            seg_t *s = &b->segs[i];
+            tb_wire_erec_t hdr;
+            uint64_t end;
+            const void *p = tb_shm_ring_next(&s->eng_rx, &hdr, &end);
+            if (NULL == p) {
+                continue;
+            }
+            if (0 != send_record(&s->eng_tx, TB_EREC_RECV, p, hdr.len)) {
+                b->engine_failed = 1;
+                return NULL;
+            }
+            tb_shm_ring_release_to(&s->eng_rx, end);
+        }
+    }
+    return NULL;
+}
+
+static int trip(seg_t *s, uint64_t *payload)
+{
+    tb_wire_erec_t hdr;
+    uint64_t end;
+    const void *p;
+    if (0 != send_record(&s->rank_tx, TB_EREC_SEND, payload, sizeof(*payload))) {
+        return -1;
+    }
+    while (NULL == (p = tb_shm_ring_next(&s->rank_rx, &hdr, &end))) {
+        if (s->rank_rx.broken) {
+            return -1;
+        }
+    }
+    memcpy(payload, p, sizeof(*payload));
+    tb_shm_ring_release_to(&s->rank_rx, end);
+    (*payload)++;
+    return 0;
+}
+
+/* The rings' own CPU cost, with no other core involved: one record written
+ * and read back on one thread (reserve, copy, commit, next, release). */
+static int record_cost(unsigned long n)
+{
+    size_t seglen = tb_shm_ring_segment_size(RING_SIZE);
+    void *base = mmap(NULL, seglen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    tb_shm_ring_t tx, rx;
+    uint64_t payload = 0, t0;
+    int rc = -1;
+
+    if (MAP_FAILED == base) {
+        fprintf(stderr, "tb_ring_hop: mmap %zu bytes: %s\n", seglen, strerror(errno));
+        return -1;
+    }
+    tb_shm_ring_attach(&tx, base, RING_SIZE, 0, true);
+    tb_shm_ring_attach(&rx, base, RING_SIZE, 0, false);
+    t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    for (unsigned long i = 0; i < n; i++) {
+        tb_wire_erec_t hdr;
+        uint64_t end;
+        const void *p;
+        if (0 != send_record(&tx, TB_EREC_SEND, &payload, sizeof(payload)) ||
+            NULL == (p = tb_shm_ring_next(&rx, &hdr, &end))) {
+            fprintf(stderr, "tb_ring_hop: a ring broke its rules\n");
+            goto out;
+        }
+        memcpy(&payload, p, sizeof(payload));
+        payload++;
+        tb_shm_ring_release_to(&rx, end);
+    }
+    printf("hop_cpu_ns_per_record %.1f\n", (double) (clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0) / (double) n);
+    rc = 0;
+out:
+    munmap(base, seglen);
+    return rc;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+    return x < y ? -1 : x > y;
+}
+
+static int run(unsigned nranks, unsigned long trips)
+{
+    size_t seglen = tb_shm_ring_segment_size(RING_SIZE);
+    bench_t *b = calloc(1, sizeof(*b));
+    uint64_t rtt[BATCHES], payload = 0;
+    pthread_t engine;
+    int rc = -1;
+
+    if (NULL == b) {
+        return -1;
+    }
+    b->nranks = nranks;
+    for (unsigned i = 0; i < nranks; i++) {
+        seg_t *s = &b->segs[i];
+        s->base = mmap(NULL, seglen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (MAP_FAILED == s->base) {
+            fprintf(stderr, "tb_ring_hop: mmap %zu bytes: %s\n", seglen, strerror(errno));
+            s->base = NULL;
+            goto out;
+        }
+        tb_shm_ring_attach(&s->rank_tx, s->base, RING_SIZE, 0, true);
+        tb_shm_ring_attach(&s->rank_rx, s->base, RING_SIZE, 1, false);
+        tb_shm_ring_attach(&s->eng_rx, s->base, RING_SIZE, 0, false);
+        tb_shm_ring_attach(&s->eng_tx, s->base, RING_SIZE, 1, false);
+    }
+    pin(0);
+    if (0 != pthread_create(&engine, NULL, engine_main, b)) {
+        fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
+        goto out;
+    }
+    for (unsigned long i = 0; i < trips / 10; i++) { /* warm-up */
+        if (0 != trip(&b->segs[0], &payload)) {
+            goto stop;
+        }
+    }
+    for (unsigned k = 0; k < BATCHES; k++) {
+        uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
+        for (unsigned long i = 0; i < trips / BATCHES; i++) {
+            if (0 != trip(&b->segs[0], &payload)) {
+                goto stop;
+            }
+        }
+        rtt[k] = (clock_ns(CLOCK_MONOTONIC) - t0) / (trips / BATCHES);
+    }
+    qsort(rtt, BATCHES, sizeof(rtt[0]), cmp_u64);
+    printf("hop_rtt_ns_%u %" PRIu64 "\n", nranks, rtt[BATCHES / 2]);
+    rc = 0;
+stop:
+    atomic_store(&b->stop, 1);
+    pthread_join(engine, NULL);
+    if (0 != rc || b->engine_failed) {
+        fprintf(stderr, "tb_ring_hop: a ring broke its rules\n");
+        rc = -1;
+    }
+out:
+    for (unsigned i = 0; i < nranks; i++) {
+        if (NULL != b->segs[i].base) {
+            munmap(b->segs[i].base, seglen);
+        }
+    }
+    free(b);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    unsigned long trips = 900000;
+    unsigned ranks[8], nr = 0;
+
+    for (int i = 1; i < argc; i++) {
+        if (0 == strcmp(argv[i], "--trips") && i + 1 < argc) {
+            trips = strtoul(argv[++i], NULL, 10);
+        } else if (0 == strcmp(argv[i], "--ranks") && i + 1 < argc && nr < 8) {
+            ranks[nr++] = (unsigned) strtoul(argv[++i], NULL, 10);
+        } else {
+            fprintf(stderr, "usage: tb_ring_hop [--trips N] [--ranks K]...\n");
+            return 2;
+        }
+    }
+    if (0 == nr) {
+        ranks[nr++] = 1;
+    }
+    if (trips < 10 * BATCHES) {
+        fprintf(stderr, "tb_ring_hop: --trips must be at least %d\n", 10 * BATCHES);
+        return 2;
+    }
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        fprintf(stderr, "tb_ring_hop: needs two cores (the rank and the engine each spin on one)\n");
+        return 2;
+    }
+    if (0 != record_cost(trips)) {
+        return 1;
+    }
+    for (unsigned i = 0; i < nr; i++) {
+        if (ranks[i] < 1 || ranks[i] > MAX_RANKS) {
+            fprintf(stderr, "tb_ring_hop: --ranks takes 1..%d\n", MAX_RANKS);
+            return 2;
+        }
+        if (0 != run(ranks[i], trips)) {
+            return 1;
+        }
+    }
+    return 0;
+}
