@@ -140,6 +140,9 @@ struct eng_peer {
     bool credit_changed;
     eng_msg_t *wait_head, *wait_tail;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
+    /* Per local rank: bytes delivered from this peer and not yet credited
+     * back.  The sender may not exceed the window: this end enforces it. */
+    uint64_t delivered[ENG_MAX_RANKS];
     bool ret_pending;
 };
 

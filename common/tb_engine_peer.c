@@ -691,6 +691,7 @@ static int return_credit(eng_peer_t *p)
             continue;
         }
         if (send_ctrl(p, TB_ETAG_CREDIT, 0, r->vpid, (uint32_t) p->ret[s], NULL)) {
+            p->delivered[s] -= p->ret[s] < p->delivered[s] ? p->ret[s] : p->delivered[s];
             p->ret[s] = 0;
             ++n;
         } else {
@@ -752,6 +753,20 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
             /* The rank left or died; its senders learn it from GONE. */
             return;
         }
+        /* As the sender counts (credit_ok): one message may exceed the
+         * window only when nothing else is outstanding. */
+        if (0 != p->delivered[r->slot] && p->delivered[r->slot] + plen > e->p.credit_window) {
+            snprintf(why, sizeof(why),
+                     "it sent rank %u %llu bytes beyond the credit window (%llu bytes; "
+                     "btl_tbrdma_engine_credit_window must be the same on every host)",
+                     (unsigned) dst,
+                     (unsigned long long) (p->delivered[r->slot] + plen - e->p.credit_window),
+                     (unsigned long long) e->p.credit_window);
+            tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "credit exceeded");
+            peer_fail(p, TB_CHAN_EPROTO, why);
+            return;
+        }
+        p->delivered[r->slot] += plen;
         tb_eng_rank_announce(r, p);
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag, (uint16_t) p->idx, src, payload, plen, NULL, 0);
         return;
@@ -806,6 +821,7 @@ void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
         p->ret[r->slot] = 0;
+        p->delivered[r->slot] = 0;
         for (eng_msg_t *m = p->wait_head; m; m = m->next) {
             if (m->src_slot == (int) r->slot) {
                 m->src_slot = -1;
