@@ -483,19 +483,15 @@ static bool key_equal(const uint8_t *a, const uint8_t *b)
     return 0 == d;
 }
 
-static void accept_rank(tb_engine_t *e)
+/* A new connection waits among the pending ones until its request arrives
+ * (attach_rank); when they are all taken, the oldest gives way. */
+static void accept_conn(tb_engine_t *e, uint64_t now)
 {
-    tb_wire_eattach_t req;
-    eng_rank_t *r = NULL;
+    unsigned i, slot = 0;
     uid_t uid;
     pid_t pid;
-    const char *why;
-    int fd, shm = -1;
-    unsigned i;
-    void *seg;
-    size_t seg_len;
+    int fd = accept(e->listen_fd, NULL, NULL);
 
-    fd = accept(e->listen_fd, NULL, NULL);
     if (fd < 0) {
         return;
     }
@@ -505,7 +501,53 @@ static void accept_rank(tb_engine_t *e)
         close(fd);
         return;
     }
-    if (0 != tb_usock_recv(fd, &req, sizeof(req), &shm, 2000)) {
+    for (i = 0; i < ENG_MAX_PENDING; ++i) {
+        if (e->pending_fd[i] < 0) {
+            slot = i;
+            break;
+        }
+        if (e->pending_since[i] < e->pending_since[slot]) {
+            slot = i;
+        }
+    }
+    if (e->pending_fd[slot] >= 0) {
+        TB_WARN("more than %d processes connected without asking to attach: "
+                "dropped the oldest", ENG_MAX_PENDING);
+        close(e->pending_fd[slot]);
+    }
+    e->pending_fd[slot] = fd;
+    e->pending_since[slot] = now;
+}
+
+/* Connections that said nothing for too long are dropped. */
+static void expire_pending(tb_engine_t *e, uint64_t now)
+{
+    for (unsigned i = 0; i < ENG_MAX_PENDING; ++i) {
+        if (e->pending_fd[i] >= 0 && now - e->pending_since[i] > ENG_PENDING_NS) {
+            TB_WARN("a process connected and did not ask to attach within %llu s: dropped",
+                    (unsigned long long) (ENG_PENDING_NS / 1000000000ull));
+            close(e->pending_fd[i]);
+            e->pending_fd[i] = -1;
+        }
+    }
+}
+
+/* The request has arrived on fd (poll said so): it is read at once, never
+ * waited for. */
+static void attach_rank(tb_engine_t *e, int fd)
+{
+    tb_wire_eattach_t req;
+    eng_rank_t *r = NULL;
+    uid_t uid;
+    pid_t pid;
+    const char *why;
+    int shm = -1;
+    unsigned i;
+    void *seg;
+    size_t seg_len;
+
+    if (0 != tb_usock_peer(fd, &uid, &pid)
+        || 0 != tb_usock_recv(fd, &req, sizeof(req), &shm, 0)) {
         close(fd);
         return;
     }
@@ -598,8 +640,10 @@ refuse:
 /* Sockets: new ranks, doorbells, closed ranks.  Sleeps up to timeout_ms. */
 static int poll_sockets(tb_engine_t *e, int timeout_ms)
 {
-    struct pollfd fds[ENG_MAX_RANKS + 1 + TB_WIRE_ENGINE_MAX_DEVICES];
-    eng_rank_t *who[ENG_MAX_RANKS + 1];
+    struct pollfd fds[TB_WIRE_ENGINE_MAX_DEVICES + 1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
+    /* Per socket polled: the rank, or NULL with the pending slot (-1: listening). */
+    eng_rank_t *who[1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
+    int pend[1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
     unsigned n = 0, i, nev = 0;
     int rc, work = 0;
 
@@ -615,7 +659,16 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
     if (e->listen_fd >= 0) {
         fds[n].fd = e->listen_fd;
         fds[n].events = POLLIN;
-        who[n++ - nev] = NULL;
+        who[n - nev] = NULL;
+        pend[n++ - nev] = -1;
+    }
+    for (i = 0; i < ENG_MAX_PENDING; ++i) {
+        if (e->pending_fd[i] >= 0) {
+            fds[n].fd = e->pending_fd[i];
+            fds[n].events = POLLIN;
+            who[n - nev] = NULL;
+            pend[n++ - nev] = (int) i;
+        }
     }
     for (i = 0; i < ENG_MAX_RANKS; ++i) {
         eng_rank_t *r = &e->ranks[i];
@@ -626,6 +679,7 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         }
     }
     rc = poll(fds, n, timeout_ms);
+    expire_pending(e, tb_now_ns());
     if (rc <= 0) {
         return 0;
     }
@@ -647,8 +701,18 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             continue;
         }
         ++work;
+        if (NULL == r && pend[i - nev] < 0) {
+            accept_conn(e, tb_now_ns());
+            continue;
+        }
         if (NULL == r) {
-            accept_rank(e);
+            int fd = e->pending_fd[pend[i - nev]];
+            /* Expired just now (and closed), or replaced by a newer one. */
+            if (fd != fds[i].fd) {
+                continue;
+            }
+            e->pending_fd[pend[i - nev]] = -1;
+            attach_rank(e, fd);
             continue;
         }
         got = read(fds[i].fd, buf, sizeof(buf));
@@ -902,6 +966,9 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
     }
     e->p = *p;
     e->listen_fd = -1;
+    for (i = 0; i < ENG_MAX_PENDING; ++i) {
+        e->pending_fd[i] = -1;
+    }
     for (i = 0; i < ENG_MAX_RANKS; ++i) {
         e->ranks[i].e = e;
         e->ranks[i].slot = i;
@@ -971,6 +1038,11 @@ void tb_engine_destroy(tb_engine_t *e)
         }
     }
     tb_eng_devices_close(e);
+    for (unsigned i = 0; i < ENG_MAX_PENDING; ++i) {
+        if (e->pending_fd[i] >= 0) {
+            close(e->pending_fd[i]);
+        }
+    }
     if (e->listen_fd >= 0) {
         close(e->listen_fd);
         (void) unlink(e->sock_path);

@@ -18,6 +18,10 @@
 #include "tb_wire.h"
 
 #define ENG_MAX_RANKS 64
+/* Connections accepted whose attach request has not arrived yet, and how
+ * long one may take: the loop never waits for a process to speak. */
+#define ENG_MAX_PENDING 16
+#define ENG_PENDING_NS 2000000000ull
 #define ENG_MAX_PEERS 256
 #define ENG_MAX_ROUTES 4096
 #define ENG_TXQ 1024
@@ -168,6 +172,8 @@ struct tb_engine {
     char nodev_why[200];
     uint32_t max_record;
     int listen_fd;
+    int pending_fd[ENG_MAX_PENDING]; /* -1: free */
+    uint64_t pending_since[ENG_MAX_PENDING];
     char sock_path[512];
     eng_rank_t ranks[ENG_MAX_RANKS];
     unsigned nranks;

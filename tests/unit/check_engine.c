@@ -8,6 +8,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tb_clock.h"
 #include "tb_eclient.h"
 #include "tb_engine.h"
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
+#include "tb_usock.h"
 
 #define RING (64u * 1024u)
 
@@ -253,6 +256,62 @@ START_TEST(attach_refusals)
 }
 END_TEST
 
+static void *engine_thread(void *arg)
+{
+    (void) tb_engine_run(arg);
+    return NULL;
+}
+
+/* Processes that connect to the engine and say nothing neither hold up the
+ * ranks that attach after them nor pile up: the engine never waits for a
+ * request (it once waited 2 s for each, so 20 silent connections kept a
+ * rank out for 40 s, and the links unpolled as long). */
+START_TEST(attach_silent_connections)
+{
+    tb_engine_params_t ep;
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    tb_engine_t *e = NULL;
+    pthread_t th;
+    char err[512], dir[400], path[500];
+    int silent[20], fd, rc;
+    uint8_t key[TB_WIRE_SECRET_SIZE] = {7};
+    uint64_t t0;
+
+    make_tmpdir();
+    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    strcat(dir, "/job3@unit");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t) sizeof(key));
+    close(fd);
+    tb_engine_params_default(&ep);
+    ep.dir = dir;
+    ep.tunables.verbs_library = "/nonexistent/libibverbs.so";
+    ck_assert_msg(0 == tb_engine_create(&ep, &e, err, sizeof(err)), "%s", err);
+    ck_assert_int_eq(pthread_create(&th, NULL, engine_thread, e), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
+    for (int i = 0; i < 20; ++i) {
+        silent[i] = tb_usock_connect(path);
+        ck_assert_int_ge(silent[i], 0);
+    }
+    params(&p, "job3", 0, NULL);
+    t0 = tb_now_ns();
+    rc = tb_eclient_attach(&p, &c, err, sizeof(err));
+    ck_assert_msg(TB_ECLIENT_NODEV == rc, "attach: %d: %s", rc, err);
+    ck_assert_msg(tb_now_ns() - t0 < 1000000000ull, "the attach took %llu ms",
+                  (unsigned long long) ((tb_now_ns() - t0) / 1000000u));
+    /* The rank left: the engine ends its loop. */
+    pthread_join(th, NULL);
+    for (int i = 0; i < 20; ++i) {
+        close(silent[i]);
+    }
+    tb_engine_destroy(e);
+}
+END_TEST
+
 /* The segment a rank hands its engine cannot be shrunk under the engine's
  * mapping (its accesses would fault), and the engine refuses one that could. */
 START_TEST(segment_sealed)
@@ -294,6 +353,7 @@ int main(void)
     tcase_add_test(tc, attach_no_device);
     tcase_add_test(tc, attach_refusals);
     tcase_add_test(tc, segment_sealed);
+    tcase_add_test(tc, attach_silent_connections);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
