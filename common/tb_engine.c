@@ -180,7 +180,7 @@ void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p)
 
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid)
 {
-    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
         if (ENG_RANK_ATTACHED == e->ranks[i].state && e->ranks[i].vpid == vpid) {
             return &e->ranks[i];
         }
@@ -416,6 +416,9 @@ static void rank_free(eng_rank_t *r)
     r->e = e;
     r->slot = (unsigned) (r - e->ranks);
     e->nranks--;
+    while (e->rank_hwm > 0 && ENG_RANK_FREE == e->ranks[e->rank_hwm - 1].state) {
+        e->rank_hwm--;
+    }
     e->last_detach_ns = tb_now_ns();
 }
 
@@ -590,6 +593,9 @@ static void attach_rank(tb_engine_t *e, int fd)
     memset(r, 0, sizeof(*r));
     r->e = e;
     r->slot = i;
+    if (i + 1 > e->rank_hwm) {
+        e->rank_hwm = i + 1;
+    }
     r->fd = fd;
     r->vpid = tb_wire_le32(req.vpid);
     r->pid = pid;
@@ -670,7 +676,7 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             pend[n++ - nev] = (int) i;
         }
     }
-    for (i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (i = 0; i < e->rank_hwm; ++i) {
         eng_rank_t *r = &e->ranks[i];
         if (ENG_RANK_FREE != r->state && r->fd >= 0) {
             fds[n].fd = r->fd;
@@ -733,7 +739,7 @@ static int ranks_progress(tb_engine_t *e)
 {
     int n = 0;
 
-    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
         eng_rank_t *r = &e->ranks[i];
         switch (r->state) {
         case ENG_RANK_ATTACHED:
@@ -768,7 +774,7 @@ static int ranks_progress(tb_engine_t *e)
 
 static void set_waiting(tb_engine_t *e, bool waiting)
 {
-    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
         if (ENG_RANK_ATTACHED == e->ranks[i].state) {
             tb_shm_ring_set_waiting(&e->ranks[i].tx, waiting);
         }
@@ -779,7 +785,7 @@ static void set_waiting(tb_engine_t *e, bool waiting)
  * the engine's own work, which the sleep bound covers). */
 static bool rings_readable(tb_engine_t *e)
 {
-    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
         eng_rank_t *r = &e->ranks[i];
         if (ENG_RANK_ATTACHED == r->state && !r->blocked && tb_shm_ring_readable(&r->tx)) {
             return true;
@@ -792,7 +798,7 @@ static bool rings_readable(tb_engine_t *e)
  * on the engine's own queues. */
 static bool ranks_pending(tb_engine_t *e)
 {
-    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
         eng_rank_t *r = &e->ranks[i];
         if (ENG_RANK_ATTACHED == r->state && (r->blocked || r->ovf_head || r->rxq_len)) {
             return true;
@@ -863,19 +869,25 @@ int tb_engine_run(tb_engine_t *e)
     uint64_t started = now, polled = now, t;
 
     for (;;) {
-        int work = 0;
+        int work = 0, w;
 
         now = tb_now_ns();
         if (now - polled > e->max_ns[ENG_PH_GAP]) {
             e->max_ns[ENG_PH_GAP] = now - polled;
         }
         polled = now;
-        work += tb_eng_devices_progress(e, now);
-        t = phase_end(e, ENG_PH_DEVICES, now);
-        work += ranks_progress(e);
-        t = phase_end(e, ENG_PH_RANKS, t);
-        work += tb_eng_peers_progress(e, now);
-        t = phase_end(e, ENG_PH_PEERS, t);
+        /* A phase is timed only when it did something: an idle pass, which
+         * decides how soon a message is seen, reads the clock once. */
+        t = now;
+        w = tb_eng_devices_progress(e, now);
+        t = w ? phase_end(e, ENG_PH_DEVICES, t) : t;
+        work += w;
+        w = ranks_progress(e);
+        t = w ? phase_end(e, ENG_PH_RANKS, t) : t;
+        work += w;
+        w = tb_eng_peers_progress(e, now);
+        t = w ? phase_end(e, ENG_PH_PEERS, t) : t;
+        work += w;
         if (now - last_sockets >= 1000000ull) {
             last_sockets = now;
             work += poll_sockets(e, 0);

@@ -176,6 +176,7 @@ struct tb_engine {
     uint64_t pending_since[ENG_MAX_PENDING];
     char sock_path[512];
     eng_rank_t ranks[ENG_MAX_RANKS];
+    unsigned rank_hwm; /* ranks[rank_hwm..] are free: the loop looks no further */
     unsigned nranks;
     bool ever_attached;
     bool finished; /* every rank left: the job is over on this host */
