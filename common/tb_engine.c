@@ -662,12 +662,9 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         }
     }
     n = nev;
-    if (e->listen_fd >= 0) {
-        fds[n].fd = e->listen_fd;
-        fds[n].events = POLLIN;
-        who[n - nev] = NULL;
-        pend[n++ - nev] = -1;
-    }
+    /* The pending connections before the listening socket: a connection
+     * accepted in this round may reuse a number closed in it. */
+    expire_pending(e, tb_now_ns());
     for (i = 0; i < ENG_MAX_PENDING; ++i) {
         if (e->pending_fd[i] >= 0) {
             fds[n].fd = e->pending_fd[i];
@@ -675,6 +672,12 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             who[n - nev] = NULL;
             pend[n++ - nev] = (int) i;
         }
+    }
+    if (e->listen_fd >= 0) {
+        fds[n].fd = e->listen_fd;
+        fds[n].events = POLLIN;
+        who[n - nev] = NULL;
+        pend[n++ - nev] = -1;
     }
     for (i = 0; i < e->rank_hwm; ++i) {
         eng_rank_t *r = &e->ranks[i];
@@ -685,7 +688,6 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         }
     }
     rc = poll(fds, n, timeout_ms);
-    expire_pending(e, tb_now_ns());
     if (rc <= 0) {
         return 0;
     }
@@ -712,13 +714,8 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             continue;
         }
         if (NULL == r) {
-            int fd = e->pending_fd[pend[i - nev]];
-            /* Expired just now (and closed), or replaced by a newer one. */
-            if (fd != fds[i].fd) {
-                continue;
-            }
             e->pending_fd[pend[i - nev]] = -1;
-            attach_rank(e, fd);
+            attach_rank(e, fds[i].fd);
             continue;
         }
         got = read(fds[i].fd, buf, sizeof(buf));
