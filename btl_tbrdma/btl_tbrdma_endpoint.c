@@ -74,12 +74,18 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
 {
     mca_btl_tbrdma_module_t *module = ep->module;
     char cable[160], info[512];
+    struct timespec now;
 
     if (TBRDMA_EP_FAILED == ep->state) {
         return;
     }
     ep->state = TBRDMA_EP_FAILED;
     cable_string(ep, cable, sizeof(cable));
+    /* Straight to the output with the time it happened (show_help's
+     * aggregation may delay its message by seconds): when a peer learned. */
+    clock_gettime(CLOCK_REALTIME, &now);
+    BTL_TBRDMA_VERBOSE(10, "lost %s at %lld.%03ld: %s", opal_get_proc_hostname(ep->proc),
+                       (long long) now.tv_sec, now.tv_nsec / 1000000, why);
     mca_btl_tbrdma_show_help(mca_btl_tbrdma_component.use_engine ? "peer failed engine"
                                                                  : "peer failed",
                              opal_process_info.nodename,

@@ -143,6 +143,9 @@ struct eng_peer {
     uint32_t scan_gen;
     bool credit_changed;
     eng_msg_t *wait_head, *wait_tail;
+    /* Notices (a rank gone) the channel had no room for: sent before
+     * anything else once it has. */
+    eng_msg_t *notice_head, *notice_tail;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */

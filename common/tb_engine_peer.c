@@ -203,6 +203,17 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
     }
 }
 
+static void drop_notices(eng_peer_t *p)
+{
+    eng_msg_t *m;
+
+    while ((m = p->notice_head)) {
+        p->notice_head = m->next;
+        free(m);
+    }
+    p->notice_tail = NULL;
+}
+
 /* The lanes of p's channel, to the log. */
 static void log_channel_state(const eng_peer_t *p)
 {
@@ -276,6 +287,7 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
         }
     }
     drop_waiting(p, NULL);
+    drop_notices(p);
     p->destroy = NULL != p->conn;
 }
 
@@ -666,6 +678,27 @@ static int send_waiting(eng_peer_t *p)
     return n;
 }
 
+/* Notices that waited for room in the channel, in order. */
+static int send_notices(eng_peer_t *p)
+{
+    tb_channel_t *ch = peer_channel(p);
+    eng_msg_t *m;
+    int n = 0;
+
+    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->notice_head)) {
+        if (TB_CHAN_OK != tb_channel_send(ch, m->tag, m->data, m->len, m)) {
+            break;
+        }
+        /* The channel's now: freed at its completion. */
+        p->notice_head = m->next;
+        if (NULL == p->notice_head) {
+            p->notice_tail = NULL;
+        }
+        ++n;
+    }
+    return n;
+}
+
 /* Credit owed to the sending engine for what local ranks consumed: sent
  * when a quarter window has gathered, or when the rank has read everything. */
 static int return_credit(eng_peer_t *p)
@@ -719,6 +752,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
             ++n;
             continue;
         }
+        n += send_notices(p);
         n += send_waiting(p);
         n += return_credit(p);
     }
@@ -835,9 +869,30 @@ void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why)
 {
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
-        if (ENG_PEER_CONNECTED == p->state) {
-            (void) send_ctrl(p, TB_ETAG_GONE, vpid, 0, 0, why);
+        tb_wire_emsg_t h;
+        eng_msg_t *m;
+
+        if (ENG_PEER_CONNECTED != p->state) {
+            continue;
         }
+        if (NULL == p->notice_head && send_ctrl(p, TB_ETAG_GONE, vpid, 0, 0, why)) {
+            continue;
+        }
+        /* A channel full of data must not lose it: the peer's ranks would
+         * wait for the dead one until something else ended the job. */
+        memset(&h, 0, sizeof(h));
+        h.src = tb_wire_le32(vpid);
+        m = tb_eng_msg_new(0, TB_ETAG_GONE, 0, vpid, &h, sizeof(h), why, strlen(why));
+        if (NULL == m) {
+            peer_fail(p, TB_CHAN_ENOMEM, "out of memory for a notice");
+            continue;
+        }
+        if (p->notice_tail) {
+            p->notice_tail->next = m;
+        } else {
+            p->notice_head = m;
+        }
+        p->notice_tail = m;
     }
 }
 
@@ -894,6 +949,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
             tb_conn_destroy(p->conn);
         }
         drop_waiting(p, NULL);
+        drop_notices(p);
         free(p->used);
         free(p->nwait);
         free(p->blocked);
