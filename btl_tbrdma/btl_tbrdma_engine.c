@@ -379,6 +379,8 @@ static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
     opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
 
     (void) ctx;
+    BTL_TBRDMA_VERBOSE(20, "the host engine reports rank %u gone (link %u): %s", (unsigned) vpid,
+                       (unsigned) link, why);
     if (NULL == module) {
         return;
     }

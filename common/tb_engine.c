@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -703,7 +704,7 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
     }
     for (i = nev; i < n; ++i) {
         eng_rank_t *r = who[i - nev];
-        char buf[64];
+        char buf[4096];
         ssize_t got;
         if (0 == fds[i].revents) {
             continue;
@@ -718,11 +719,15 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             attach_rank(e, fds[i].fd);
             continue;
         }
-        got = read(fds[i].fd, buf, sizeof(buf));
-        if (got > 0 && NULL != memchr(buf, TB_EDOORBELL_BYE, (size_t) got)) {
-            r->leaving = true;
-        }
-        if (got == 0 || (got < 0 && EAGAIN != errno && EINTR != errno)) {
+        /* Everything the socket holds: a rank that rang thousands of
+         * doorbells and died is seen dead only behind the last of them. */
+        do {
+            got = recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (got > 0 && NULL != memchr(buf, TB_EDOORBELL_BYE, (size_t) got)) {
+                r->leaving = true;
+            }
+        } while (got == (ssize_t) sizeof(buf));
+        if (got == 0 || (got < 0 && EAGAIN != errno && EWOULDBLOCK != errno && EINTR != errno)) {
             /* The rank is gone; what it left in its ring is still read
              * (ranks_progress), and tells whether it said BYE first. */
             close(r->fd);

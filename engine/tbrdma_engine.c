@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tb_engine.h"
@@ -18,10 +19,18 @@
 
 static char host[256];
 
+/* Each line with the wall-clock time: a job's engines and ranks log to
+ * different places, and a fault is followed across them by time. */
 static void log_to_stderr(tb_log_level_t level, const char *msg, void *ctx)
 {
+    struct timespec ts;
+    struct tm tm;
+
     (void) ctx;
-    fprintf(stderr, "tbrdma-engine on %s (pid %d)%s: %s\n", host, (int) getpid(),
+    clock_gettime(CLOCK_REALTIME, &ts);
+    localtime_r(&ts.tv_sec, &tm);
+    fprintf(stderr, "%02d:%02d:%02d.%03ld tbrdma-engine on %s (pid %d)%s: %s\n", tm.tm_hour,
+            tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, host, (int) getpid(),
             level <= TB_LOG_ERROR ? " error" : "", msg);
 }
 
