@@ -15,7 +15,8 @@
  *
  * Prints "hop_rtt_ns_K <median ns per round trip>" for each K, and
  * "hop_cpu_ns_per_record <ns>": the rings' own CPU cost per record, written
- * and read on one thread.
+ * and read on one thread; "line_rtt_ns <ns>": the floor, one cache line's
+ * round trip between the same two cores.
  *
  *   tb_ring_hop [--trips N] [--ranks K]...
  */
@@ -168,6 +169,44 @@ out:
     return rc;
 }
 
+/* The floor: one cache line bounced between the same two cores (a counter
+ * each side increments in turn), what any shared-memory hop costs here. */
+static atomic_ulong pingpong_line __attribute__((aligned(64)));
+
+static void *pong_main(void *arg)
+{
+    unsigned long n = *(unsigned long *) arg;
+    pin(1);
+    for (unsigned long i = 0; i < n; i++) {
+        while (atomic_load_explicit(&pingpong_line, memory_order_acquire) != 2 * i + 1) {
+        }
+        atomic_store_explicit(&pingpong_line, 2 * i + 2, memory_order_release);
+    }
+    return NULL;
+}
+
+static int line_floor(unsigned long n)
+{
+    pthread_t th;
+    uint64_t t0;
+
+    atomic_store(&pingpong_line, 0);
+    pin(0);
+    if (0 != pthread_create(&th, NULL, pong_main, &n)) {
+        fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
+        return -1;
+    }
+    t0 = clock_ns(CLOCK_MONOTONIC);
+    for (unsigned long i = 0; i < n; i++) {
+        atomic_store_explicit(&pingpong_line, 2 * i + 1, memory_order_release);
+        while (atomic_load_explicit(&pingpong_line, memory_order_acquire) != 2 * i + 2) {
+        }
+    }
+    printf("line_rtt_ns %.1f\n", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / (double) n);
+    pthread_join(th, NULL);
+    return 0;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
@@ -264,7 +303,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tb_ring_hop: needs two cores (the rank and the engine each spin on one)\n");
         return 2;
     }
-    if (0 != record_cost(trips)) {
+    if (0 != record_cost(trips) || 0 != line_floor(trips)) {
         return 1;
     }
     for (unsigned i = 0; i < nr; i++) {
