@@ -156,12 +156,7 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
         tb_eng_rank_fail(r, "out of memory holding a message for it");
         return;
     }
-    if (r->ovf_tail) {
-        r->ovf_tail->next = m;
-    } else {
-        r->ovf_head = m;
-    }
-    r->ovf_tail = m;
+    tb_eng_msg_append(&r->ovf_head, &r->ovf_tail, m);
     r->ovf_bytes += m->len;
 }
 

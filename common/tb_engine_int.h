@@ -205,6 +205,17 @@ eng_txrec_t *tb_eng_txq_push(eng_rank_t *r, uint64_t end);
 void tb_eng_txq_pop_last(eng_rank_t *r);
 eng_msg_t *tb_eng_msg_new(uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid, const void *a,
                           size_t alen, const void *b, size_t blen);
+/* Append m to the list head..tail (a rank's overflow, a peer's waiting or
+ * notice list). */
+static inline void tb_eng_msg_append(eng_msg_t **head, eng_msg_t **tail, eng_msg_t *m)
+{
+    if (*tail) {
+        (*tail)->next = m;
+    } else {
+        *head = m;
+    }
+    *tail = m;
+}
 void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end);
 void tb_eng_tx_done(eng_txrec_t *t);
 

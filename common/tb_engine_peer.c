@@ -473,13 +473,17 @@ static tb_channel_t *peer_channel(eng_peer_t *p)
     return p->conn ? tb_conn_channel(p->conn) : NULL;
 }
 
-/* A control message (CREDIT, GONE): true once queued. */
+/* A control message (CREDIT, GONE): true once queued.  With keep, one the
+ * channel has no room for is not lost: it waits in the peer's notice list
+ * (send_notices), and so does any sent while that list is not empty, so
+ * notices keep their order. */
 static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
-                      const char *text)
+                      const char *text, bool keep)
 {
     tb_channel_t *ch = peer_channel(p);
     tb_wire_emsg_t h;
     size_t tlen = text ? strlen(text) : 0;
+    bool behind = keep && NULL != p->notice_head;
     eng_msg_t *m;
     void *slot;
 
@@ -493,7 +497,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     h.src = tb_wire_le32(src);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
-    slot = tb_channel_send_begin(ch, tag, sizeof(h) + tlen);
+    slot = behind ? NULL : tb_channel_send_begin(ch, tag, sizeof(h) + tlen);
     if (slot) {
         memcpy(slot, &h, sizeof(h));
         if (tlen) {
@@ -504,12 +508,19 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     }
     m = tb_eng_msg_new(0, tag, 0, dst, &h, sizeof(h), text, tlen);
     if (NULL == m) {
+        if (keep) {
+            peer_fail(p, TB_CHAN_ENOMEM, "out of memory for a notice");
+        }
         return false;
     }
-    if (TB_CHAN_OK != tb_channel_send(ch, tag, m->data, m->len, m)) {
+    if (!behind && TB_CHAN_OK == tb_channel_send(ch, tag, m->data, m->len, m)) {
+        return true;
+    }
+    if (!keep) {
         free(m);
         return false;
     }
+    tb_eng_msg_append(&p->notice_head, &p->notice_tail, m);
     return true;
 }
 
@@ -526,12 +537,7 @@ static void hold(eng_peer_t *p, eng_rank_t *r, const tb_wire_emsg_t *h, const vo
         return;
     }
     m->src_slot = (int) r->slot;
-    if (p->wait_tail) {
-        p->wait_tail->next = m;
-    } else {
-        p->wait_head = m;
-    }
-    p->wait_tail = m;
+    tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
     p->nwait[dst]++;
     p->credit_changed = true;
     r->held_bytes += len;
@@ -723,7 +729,7 @@ static int return_credit(eng_peer_t *p)
             still = true;
             continue;
         }
-        if (send_ctrl(p, TB_ETAG_CREDIT, 0, r->vpid, (uint32_t) p->ret[s], NULL)) {
+        if (send_ctrl(p, TB_ETAG_CREDIT, 0, r->vpid, (uint32_t) p->ret[s], NULL, false)) {
             p->delivered[s] -= p->ret[s] < p->delivered[s] ? p->ret[s] : p->delivered[s];
             p->ret[s] = 0;
             ++n;
@@ -867,32 +873,10 @@ void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
 
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why)
 {
+    /* Kept when the channel is full of data: the peer's ranks would wait for
+     * the dead one until something else ended the job. */
     for (unsigned i = 0; i < e->npeers; ++i) {
-        eng_peer_t *p = e->peers[i];
-        tb_wire_emsg_t h;
-        eng_msg_t *m;
-
-        if (ENG_PEER_CONNECTED != p->state) {
-            continue;
-        }
-        if (NULL == p->notice_head && send_ctrl(p, TB_ETAG_GONE, vpid, 0, 0, why)) {
-            continue;
-        }
-        /* A channel full of data must not lose it: the peer's ranks would
-         * wait for the dead one until something else ended the job. */
-        memset(&h, 0, sizeof(h));
-        h.src = tb_wire_le32(vpid);
-        m = tb_eng_msg_new(0, TB_ETAG_GONE, 0, vpid, &h, sizeof(h), why, strlen(why));
-        if (NULL == m) {
-            peer_fail(p, TB_CHAN_ENOMEM, "out of memory for a notice");
-            continue;
-        }
-        if (p->notice_tail) {
-            p->notice_tail->next = m;
-        } else {
-            p->notice_head = m;
-        }
-        p->notice_tail = m;
+        (void) send_ctrl(e->peers[i], TB_ETAG_GONE, vpid, 0, 0, why, true);
     }
 }
 
