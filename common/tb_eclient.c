@@ -223,6 +223,9 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             return -1;
         }
         lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (lock < 0 && ENOENT == errno && tb_now_ns() < deadline) {
+            continue; /* the directory went away after we made it */
+        }
         if (lock < 0) {
             snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
             return -1;
