@@ -841,12 +841,22 @@ static int sleep_ms(tb_engine_t *e)
     return tb_now_ns() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
 }
 
+#define ENG_SLOW_PASS_NS 1000000000ull
+
+static const char *const phase_name[] = {"devices", "ranks", "peers", "sockets"};
+
 static uint64_t phase_end(tb_engine_t *e, int phase, uint64_t start)
 {
     uint64_t now = tb_now_ns();
 
     if (now - start > e->max_ns[phase]) {
         e->max_ns[phase] = now - start;
+    }
+    /* Peers give up after engine_peer_timeout without an acknowledgement:
+     * a pass this long is said when it happens, not only at the end. */
+    if (now - start > ENG_SLOW_PASS_NS && phase != ENG_PH_SLEEP) {
+        TB_WARN("one pass of the engine's %s phase took %llu ms", phase_name[phase],
+                (unsigned long long) ((now - start) / 1000000));
     }
     return now;
 }
@@ -871,6 +881,10 @@ int tb_engine_run(tb_engine_t *e)
         now = tb_now_ns();
         if (now - polled > e->max_ns[ENG_PH_GAP]) {
             e->max_ns[ENG_PH_GAP] = now - polled;
+        }
+        if (now - polled > ENG_SLOW_PASS_NS) {
+            TB_WARN("the engine polled no device for %llu ms",
+                    (unsigned long long) ((now - polled) / 1000000));
         }
         polled = now;
         /* A phase is timed only when it did something: an idle pass, which

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tb_clock.h"
 #include "tb_log.h"
 
 enum { DIR_SEND = 0, DIR_RECV = 1 };
@@ -100,6 +101,25 @@ static void slot_put(slot_pool_t *p, void *buf)
 /* ------------------------------------------------------------------ */
 /* Link operations                                                     */
 
+/* A control call that holds the caller for long holds every channel of the
+ * process (the engine's loop polls nothing meanwhile): say which one, so a
+ * peer's timeout that follows can be traced to it. */
+#define SLOW_CALL_NS 1000000000ull
+
+static void note_slow(const tb_device_t *dev, const char *call, int lane, uint64_t t0)
+{
+    uint64_t ns = tb_now_ns() - t0;
+    unsigned long long ms = ns / 1000000;
+
+    if (ns > SLOW_CALL_NS) {
+        if (lane < 0) {
+            TB_WARN("device %s: %s took %llu ms", dev->name, call, ms);
+        } else {
+            TB_WARN("device %s: %s of lane %d took %llu ms", dev->name, call, lane, ms);
+        }
+    }
+}
+
 static void op_local_addr(tb_link_t *link, tb_wire_addr_t *addr)
 {
     tb_qplink_t *ql = (tb_qplink_t *) link;
@@ -116,6 +136,7 @@ static int qp_to_rts(tb_qplink_t *ql, unsigned l, const tb_wire_addr_t *peer, en
     const tb_device_t *dev = ql->cfg.device;
     struct ibv_qp_attr attr;
     const char *step;
+    uint64_t t0;
     int rc;
 
     memset(&attr, 0, sizeof(attr));
@@ -124,9 +145,11 @@ static int qp_to_rts(tb_qplink_t *ql, unsigned l, const tb_wire_addr_t *peer, en
     attr.port_num = dev->port;
     attr.qp_access_flags = 0; /* SEND/recv only: no remote access to our memory */
     step = "INIT";
+    t0 = tb_now_ns();
     rc = ql->cfg.verbs->modify_qp(ql->qp[l], &attr,
                                   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
                                       | IBV_QP_ACCESS_FLAGS);
+    note_slow(dev, "ibv_modify_qp(INIT)", (int) l, t0);
     if (rc != 0) {
         goto fail;
     }
@@ -143,9 +166,11 @@ static int qp_to_rts(tb_qplink_t *ql, unsigned l, const tb_wire_addr_t *peer, en
     attr.ah_attr.grh.hop_limit = 1;
     attr.ah_attr.port_num = dev->port;
     step = "RTR";
+    t0 = tb_now_ns();
     rc = ql->cfg.verbs->modify_qp(ql->qp[l], &attr,
                                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
                                       | IBV_QP_RQ_PSN);
+    note_slow(dev, "ibv_modify_qp(RTR)", (int) l, t0);
     if (rc != 0) {
         goto fail;
     }
@@ -154,7 +179,9 @@ static int qp_to_rts(tb_qplink_t *ql, unsigned l, const tb_wire_addr_t *peer, en
     attr.qp_state = IBV_QPS_RTS;
     attr.sq_psn = ql->psn[l] & 0xffffff;
     step = "RTS";
+    t0 = tb_now_ns();
     rc = ql->cfg.verbs->modify_qp(ql->qp[l], &attr, IBV_QP_STATE | IBV_QP_SQ_PSN);
+    note_slow(dev, "ibv_modify_qp(RTS)", (int) l, t0);
     if (rc != 0) {
         goto fail;
     }
@@ -321,6 +348,7 @@ static int create_qp(tb_qplink_t *ql, unsigned l, const tb_channel_params_t *par
 {
     const tb_device_t *dev = ql->cfg.device;
     struct ibv_qp_init_attr init;
+    uint64_t t0;
 
     memset(&init, 0, sizeof(init));
     init.send_cq = ql->cfg.cq;
@@ -332,7 +360,9 @@ static int create_qp(tb_qplink_t *ql, unsigned l, const tb_channel_params_t *par
     init.cap.max_recv_sge = 1;
     init.cap.max_inline_data = 0;
     init.sq_sig_all = 0;
+    t0 = tb_now_ns();
     ql->qp[l] = ql->cfg.verbs->create_qp(ql->cfg.pd, &init);
+    note_slow(dev, "ibv_create_qp", (int) l, t0);
     if (ql->qp[l] == NULL) {
         int err = errno ? errno : EIO;
         TB_ERROR("device %s: ibv_create_qp(UC, lane %u, %u sends, %u receives) failed: %s; %s",
@@ -355,6 +385,7 @@ int tb_qplink_create(const tb_qplink_cfg_t *cfg, const tb_channel_params_t *para
     tb_qplink_t *ql;
     size_t off = 0;
     uint32_t index = 0;
+    uint64_t t0;
     int rc = -ENOMEM;
 
     ql = calloc(1, sizeof(*ql));
@@ -408,9 +439,11 @@ int tb_qplink_create(const tb_qplink_cfg_t *cfg, const tb_channel_params_t *para
         }
     }
     /* Apple's provider rejects LOCAL_WRITE alone (llama.cpp, jaccl). */
+    t0 = tb_now_ns();
     ql->mr = cfg->verbs->reg_mr(cfg->pd, ql->chunk, ql->chunk_len,
                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ
                                     | IBV_ACCESS_REMOTE_WRITE);
+    note_slow(dev, "ibv_reg_mr", -1, t0);
     if (!ql->mr) {
         int err = errno ? errno : EIO;
         TB_ERROR("device %s: ibv_reg_mr(%zu bytes) failed: %s; %s", dev->name, ql->chunk_len,
