@@ -13,6 +13,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef HAVE_SYS_PRCTL_H
+#include <sys/prctl.h>
+#endif
 
 #include "tb_engine.h"
 #include "tb_log.h"
@@ -164,6 +167,19 @@ int main(int argc, char **argv)
     }
     /* A rank that went away must not kill the engine through its pipe. */
     signal(SIGPIPE, SIG_IGN);
+#ifdef PR_SET_THP_DISABLE
+    /* No transparent huge pages for the engine: khugepaged collapses them
+     * holding the process's memory-map lock, at the lowest priority, so on a
+     * host whose cores are all busy (a rank per core) every allocation and
+     * page fault of the engine waited seconds for it, and the peer engines
+     * gave up on a loop that polled nothing.  Its buffers gain nothing from
+     * huge pages. */
+    if (0 != prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)) {
+        TB_INFO("prctl(PR_SET_THP_DISABLE) failed: %s; the engine may stall while the kernel "
+                "collapses its memory into huge pages",
+                strerror(errno));
+    }
+#endif
     if (0 != tb_engine_create(&p, &e, err, sizeof(err))) {
         TB_ERROR("%s", err);
         return 1;
