@@ -14,6 +14,13 @@
  *       ranks 0 and 1: ITERATIONS round trips of one BYTES-byte message (default
  *       8 B).  Prints "pingpong BYTES ITERATIONS MEAN_USEC MEDIAN_USEC", half
  *       the mean and half the median round trip.
+ *   mpibench put|get [-w WINDOW] [-i ITERATIONS] [-s BYTES]
+ *       one-sided, rank 0 to rank 1: each iteration one passive-target epoch
+ *       (MPI_Win_lock shared .. unlock) of WINDOW MPI_Put or MPI_Get calls of
+ *       BYTES each (default 8 x 1 MiB) into or from a window MPI_Win_allocate'd
+ *       on rank 1; the data is checked after the last.  Prints "put|get BYTES
+ *       WINDOW ITERATIONS MB_PER_SEC" (10^6 bytes), comparable with msgrate's
+ *       rate times BYTES.
  *   mpibench allreduce [-i ITERATIONS] [-s BYTES]...
  *       every rank: MPI_Allreduce (MPI_SUM over doubles) of each size given
  *       (default 8 and 1048576 bytes).  Prints "allreduce BYTES ITERATIONS USEC"
@@ -31,6 +38,7 @@ static void usage(int rank)
     if (0 == rank) {
         fprintf(stderr, "usage: mpibench msgrate [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench pingpong [-i ITERATIONS] [-s BYTES]\n"
+                        "       mpibench put|get [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n"
                         "       mpibench idle [-i SECONDS]\n");
     }
@@ -227,9 +235,83 @@ static int allreduce(int rank, int iters, const size_t *sizes, int nsizes)
     return 0;
 }
 
+static unsigned char pattern(size_t i)
+{
+    return (unsigned char) ((i * 7 + i / 4096) & 0xff);
+}
+
+/* Rank 0 puts into, or gets from, rank 1's window; the others only take part
+ * in the window's creation and the barriers. */
+static int onesided(int rank, int nranks, int is_put, int window, int iters, size_t bytes)
+{
+    size_t len = (size_t) window * bytes, i, bad = 0;
+    unsigned char *base = NULL, *local = malloc(len ? len : 1);
+    double t0 = 0.0, dt;
+    int it, k, warmup = iters / 10 + 1;
+    MPI_Win win;
+
+    if (nranks < 2 || NULL == local || len > (size_t) 1 << 30) {
+        fprintf(stderr, "mpibench %s: needs 2 ranks, memory, and WINDOW x BYTES <= 1 GiB\n",
+                is_put ? "put" : "get");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Win_allocate(1 == rank ? (MPI_Aint) len : 0, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
+    for (i = 0; i < len; ++i) {
+        local[i] = 0 == rank && is_put ? pattern(i) : 0;
+        if (1 == rank) {
+            base[i] = is_put ? 0 : pattern(i);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (0 == rank) {
+        for (it = -warmup; it < iters; ++it) {
+            if (0 == it) {
+                t0 = MPI_Wtime();
+            }
+            MPI_Win_lock(MPI_LOCK_SHARED, 1, 0, win);
+            for (k = 0; k < window; ++k) {
+                if (is_put) {
+                    MPI_Put(local + (size_t) k * bytes, (int) bytes, MPI_BYTE, 1,
+                            (MPI_Aint) k * (MPI_Aint) bytes, (int) bytes, MPI_BYTE, win);
+                } else {
+                    MPI_Get(local + (size_t) k * bytes, (int) bytes, MPI_BYTE, 1,
+                            (MPI_Aint) k * (MPI_Aint) bytes, (int) bytes, MPI_BYTE, win);
+                }
+            }
+            MPI_Win_unlock(1, win);
+        }
+        dt = MPI_Wtime() - t0;
+        if (!is_put) {
+            for (i = 0; i < len; ++i) {
+                bad += local[i] != pattern(i);
+            }
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (1 == rank && is_put) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 1, 0, win);
+        for (i = 0; i < len; ++i) {
+            bad += base[i] != pattern(i);
+        }
+        MPI_Win_unlock(1, win);
+    }
+    if (bad) {
+        fprintf(stderr, "mpibench %s: %zu of %zu bytes wrong\n", is_put ? "put" : "get", bad, len);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (0 == rank) {
+        printf("%s %zu %d %d %.2f\n", is_put ? "put" : "get", bytes, window, iters,
+               (double) iters * (double) len / dt / 1e6);
+        fflush(stdout);
+    }
+    MPI_Win_free(&win);
+    free(local);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int rank, nranks, opt, window = 64, iters = -1, nsizes = 0;
+    int rank, nranks, opt, window = 0, iters = -1, nsizes = 0;
     size_t sizes[16], bytes = 8;
     const char *mode;
 
@@ -259,10 +341,16 @@ int main(int argc, char **argv)
             usage(rank);
         }
     }
-    if (0 == strcmp(mode, "msgrate") && window > 0) {
-        msgrate(rank, nranks, window, iters > 0 ? iters : 200, bytes);
+    if (window < 0) {
+        usage(rank);
+    }
+    if (0 == strcmp(mode, "msgrate")) {
+        msgrate(rank, nranks, window ? window : 64, iters > 0 ? iters : 200, bytes);
     } else if (0 == strcmp(mode, "pingpong")) {
         pingpong(rank, nranks, iters > 0 ? iters : 1000, bytes);
+    } else if (0 == strcmp(mode, "put") || 0 == strcmp(mode, "get")) {
+        onesided(rank, nranks, 'p' == mode[0], window ? window : 8, iters > 0 ? iters : 20,
+                 nsizes ? bytes : (size_t) 1 << 20);
     } else if (0 == strcmp(mode, "idle")) {
         idle(rank, nranks, iters > 0 ? iters : 20);
     } else if (0 == strcmp(mode, "allreduce")) {
