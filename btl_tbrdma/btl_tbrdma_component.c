@@ -192,7 +192,7 @@ static int tbrdma_component_register(void)
     c->engine_events = 1;
     register_int("engine_events",
                  "1 (default): the host engine sleeps on the devices' completion events where "
-                 "they have them (rxe does), so an idle engine wakes every 100 ms; 0: it wakes "
+                 "they have them (rxe does), so an idle engine wakes every 250 ms; 0: it wakes "
                  "every millisecond when idle (what it does anyway on devices without events)",
                  OPAL_INFO_LVL_6, &c->engine_events);
     c->engine_verbose = TB_LOG_WARN;

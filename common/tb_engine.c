@@ -837,8 +837,9 @@ static int sleep_ms(tb_engine_t *e)
         return 1;
     }
     /* While traffic flows the channels' timers (delayed acks, keepalives)
-     * want it back soon; after a second of silence only keepalives do. */
-    return tb_now_ns() - e->last_traffic_ns < 1000000000ull ? 20 : 100;
+     * want it back soon; after a second of silence only keepalives do, a
+     * tenth of the peer timeout apart (and arrivals wake it anyway). */
+    return tb_now_ns() - e->last_traffic_ns < 1000000000ull ? 20 : 250;
 }
 
 #define ENG_SLOW_PASS_NS 1000000000ull
@@ -873,10 +874,10 @@ void tb_eng_log_loop(const tb_engine_t *e)
 int tb_engine_run(tb_engine_t *e)
 {
     uint64_t now = tb_now_ns(), last_work = now, last_sockets = 0, drain_end = 0;
-    uint64_t started = now, polled = now, t;
+    uint64_t started = now, polled = now, rx_seen = 0, t;
 
     for (;;) {
-        int work = 0, w;
+        int work = 0, w, from_ranks;
 
         now = tb_now_ns();
         if (now - polled > e->max_ns[ENG_PH_GAP]) {
@@ -893,7 +894,7 @@ int tb_engine_run(tb_engine_t *e)
         w = tb_eng_devices_progress(e, now);
         t = w ? phase_end(e, ENG_PH_DEVICES, t) : t;
         work += w;
-        w = ranks_progress(e);
+        w = from_ranks = ranks_progress(e);
         t = w ? phase_end(e, ENG_PH_RANKS, t) : t;
         work += w;
         w = tb_eng_peers_progress(e, now);
@@ -906,6 +907,11 @@ int tb_engine_run(tb_engine_t *e)
         }
         if (work) {
             last_work = now;
+        }
+        /* The channels' keepalives and acks must not hold the engine in its
+         * short sleeps: they made an idle engine wake 60 times a second. */
+        if (from_ranks || e->rx_msgs != rx_seen) {
+            rx_seen = e->rx_msgs;
             e->last_traffic_ns = now;
         }
         if (0 == e->nranks) {

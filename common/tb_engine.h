@@ -52,7 +52,7 @@ typedef struct tb_engine_params {
 /* Credit window 4 MiB, 8 MiB held per rank, exit after 60 s without a rank,
  * spin 1 ms; completion events on: where the devices have them, a
  * completion wakes the engine, which sleeps 20 ms at a time while traffic
- * flows and 100 ms after a second without (without them, 1 ms). */
+ * flows and 250 ms after a second without (without them, 1 ms). */
 void tb_engine_params_default(tb_engine_params_t *p);
 
 /* The largest message between two ranks through engines (a put or get of

@@ -185,7 +185,10 @@ struct tb_engine {
     bool finished; /* every rank left: the job is over on this host */
     unsigned faults; /* ranks and peer engines lost: the log is kept */
     bool events;   /* every device has completion events (armed before sleeping) */
-    uint64_t last_traffic_ns; /* the last loop that found work */
+    uint64_t last_traffic_ns; /* the last loop that moved a message: a rank's,
+                               * or one from a peer engine (rx_msgs); the
+                               * channels' keepalives and acks are not traffic */
+    uint64_t rx_msgs;         /* messages the channels delivered to the engine */
     /* The longest each part of the loop took, and the longest gap between
      * two polls of the devices: a stalled link's report says whether the
      * engine itself stalled (tb_eng_log_loop). */

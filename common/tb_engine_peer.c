@@ -300,6 +300,12 @@ static int peer_make_conn(eng_peer_t *p)
 
     tb_tunables_channel_params(&p->e->p.tunables, &params);
     params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
+    /* An engine always polls: a tenth of the peer timeout between keepalives
+     * leaves ten chances, and an idle engine is not woken ten times a second
+     * by its own and its peers' keepalives. */
+    if (params.peer_timeout_ns / 10 > params.keepalive_ns) {
+        params.keepalive_ns = params.peer_timeout_ns / 10;
+    }
     rc = tb_conn_create(p->e->devs[p->dev].dom, &params, &cb, &p->conn);
     if (0 != rc) {
         p->conn = NULL;
@@ -783,6 +789,7 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
         peer_fail(p, TB_CHAN_EPROTO, "it sent a malformed message");
         return;
     }
+    e->rx_msgs++;
     memcpy(&h, data, sizeof(h));
     src = tb_wire_le32(h.src);
     dst = tb_wire_le32(h.dst);
