@@ -844,7 +844,10 @@ static int sleep_ms(tb_engine_t *e)
 
 #define ENG_SLOW_PASS_NS 1000000000ull
 
-static const char *const phase_name[] = {"devices", "ranks", "peers", "sockets"};
+static const char *const phase_name[ENG_PH_SLEEP] = {[ENG_PH_DEVICES] = "devices",
+                                                     [ENG_PH_RANKS] = "ranks",
+                                                     [ENG_PH_PEERS] = "peers",
+                                                     [ENG_PH_SOCKETS] = "sockets"};
 
 static uint64_t phase_end(tb_engine_t *e, int phase, uint64_t start)
 {

@@ -240,6 +240,17 @@ static unsigned char pattern(size_t i)
     return (unsigned char) ((i * 7 + i / 4096) & 0xff);
 }
 
+/* Bytes of buf[0..len) that differ from pattern(). */
+static size_t mismatches(const unsigned char *buf, size_t len)
+{
+    size_t i, bad = 0;
+
+    for (i = 0; i < len; ++i) {
+        bad += buf[i] != pattern(i);
+    }
+    return bad;
+}
+
 /* Rank 0 puts into, or gets from, rank 1's window; the others only take part
  * in the window's creation and the barriers. */
 static int onesided(int rank, int nranks, int is_put, int window, int iters, size_t bytes)
@@ -282,17 +293,13 @@ static int onesided(int rank, int nranks, int is_put, int window, int iters, siz
         }
         dt = MPI_Wtime() - t0;
         if (!is_put) {
-            for (i = 0; i < len; ++i) {
-                bad += local[i] != pattern(i);
-            }
+            bad = mismatches(local, len);
         }
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (1 == rank && is_put) {
         MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 1, 0, win);
-        for (i = 0; i < len; ++i) {
-            bad += base[i] != pattern(i);
-        }
+        bad = mismatches(base, len);
         MPI_Win_unlock(1, win);
     }
     if (bad) {
