@@ -4,6 +4,7 @@
 #include "tb_rma.h"
 #include "tb_random.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,6 +189,8 @@ const char *tb_rma_status_string(int status)
         return "the registered memory does not allow that access";
     case TB_RMA_EPROTO:
         return "malformed request";
+    case TB_RMA_EALIGN:
+        return "the atomic's address is not aligned to its width";
     default:
         return "unknown status";
     }
@@ -226,12 +229,108 @@ tb_rma_status_t tb_rma_parse_head(uint8_t tag, const void *head, size_t head_len
     case TB_TAG_RMA_PUT_ACK:
         want = 0;
         break;
+    case TB_TAG_RMA_ATOMIC:
+        want = TB_WIRE_RMA_ATOMIC_SIZE;
+        break;
+    case TB_TAG_RMA_ATOMIC_RESP:
+        want = TB_RMA_OK == m->status ? 8 : 0;
+        break;
     default:
         return TB_RMA_EPROTO;
     }
-    if (m->payload_len != want || m->status > TB_RMA_EPROTO
-        || ((TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag) && 0 != m->status)) {
+    if (m->payload_len != want || m->status > TB_RMA_STATUS_MAX
+        || ((TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag || TB_TAG_RMA_ATOMIC == tag)
+            && 0 != m->status)) {
         return TB_RMA_EPROTO;
+    }
+    if (TB_TAG_RMA_ATOMIC == tag || TB_TAG_RMA_ATOMIC_RESP == tag) {
+        if (4 != m->len && 8 != m->len) {
+            return TB_RMA_EPROTO;
+        }
+    }
+    if (TB_TAG_RMA_ATOMIC == tag) {
+        tb_wire_rma_atomic_t a;
+        if (head_len < sizeof(h) + sizeof(a)) {
+            return TB_RMA_EPROTO;
+        }
+        memcpy(&a, (const unsigned char *) head + sizeof(h), sizeof(a));
+        m->aop = a.op;
+        m->operand = tb_wire_le64(a.operand);
+        m->compare = tb_wire_le64(a.compare);
+        if (0 == a.op || a.op > TB_RMA_AOP_LAST || 0 != a.reserved || 0 != a.reserved2
+            || 0 != a.reserved3 || (TB_RMA_AOP_CSWAP != a.op && 0 != m->compare)) {
+            return TB_RMA_EPROTO;
+        }
+    }
+    return TB_RMA_OK;
+}
+
+/* The new value of one non-CSWAP operation; signed where it compares. */
+static uint64_t apply(unsigned op, unsigned width, uint64_t old, uint64_t v)
+{
+    int64_t so = 4 == width ? (int64_t) (int32_t) old : (int64_t) old;
+    int64_t sv = 4 == width ? (int64_t) (int32_t) v : (int64_t) v;
+
+    switch (op) {
+    case TB_RMA_AOP_ADD:
+        return old + v;
+    case TB_RMA_AOP_AND:
+        return old & v;
+    case TB_RMA_AOP_OR:
+        return old | v;
+    case TB_RMA_AOP_XOR:
+        return old ^ v;
+    case TB_RMA_AOP_LAND:
+        return (0 != old) && (0 != v);
+    case TB_RMA_AOP_LOR:
+        return (0 != old) || (0 != v);
+    case TB_RMA_AOP_LXOR:
+        return (0 != old) != (0 != v);
+    case TB_RMA_AOP_MIN:
+        return sv < so ? v : old;
+    case TB_RMA_AOP_MAX:
+        return sv > so ? v : old;
+    default: /* TB_RMA_AOP_SWAP */
+        return v;
+    }
+}
+
+tb_rma_status_t tb_rma_atomic(void *local, unsigned width, unsigned op, uint64_t operand,
+                              uint64_t compare, uint64_t *old)
+{
+    if ((4 != width && 8 != width) || 0 != (uintptr_t) local % width) {
+        return TB_RMA_EALIGN;
+    }
+    /* One compare-and-swap loop for every operation: the same instruction
+     * the host's own atomics use, so both see one order. */
+    if (8 == width) {
+        uint64_t *p = local, cur = __atomic_load_n(p, __ATOMIC_RELAXED), next;
+        do {
+            if (TB_RMA_AOP_CSWAP == op) {
+                if (cur != compare) {
+                    break;
+                }
+                next = operand;
+            } else {
+                next = apply(op, 8, cur, operand);
+            }
+        } while (!__atomic_compare_exchange_n(p, &cur, next, false, __ATOMIC_SEQ_CST,
+                                              __ATOMIC_RELAXED));
+        *old = cur;
+    } else {
+        uint32_t *p = local, cur = __atomic_load_n(p, __ATOMIC_RELAXED), next;
+        do {
+            if (TB_RMA_AOP_CSWAP == op) {
+                if (cur != (uint32_t) compare) {
+                    break;
+                }
+                next = (uint32_t) operand;
+            } else {
+                next = (uint32_t) apply(op, 4, cur, operand);
+            }
+        } while (!__atomic_compare_exchange_n(p, &cur, next, false, __ATOMIC_SEQ_CST,
+                                              __ATOMIC_RELAXED));
+        *old = cur;
     }
     return TB_RMA_OK;
 }

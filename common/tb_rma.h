@@ -19,6 +19,7 @@
 enum {
     TB_RMA_ACCESS_READ = 0x1,  /* peers may get from the region */
     TB_RMA_ACCESS_WRITE = 0x2, /* peers may put into the region */
+    TB_RMA_ACCESS_ATOMIC = 0x4, /* peers may run atomics on the region */
 };
 
 typedef struct tb_rma_region {
@@ -58,8 +59,15 @@ tb_rma_status_t tb_rma_check(const tb_rma_table_t *t, uint64_t key, uint64_t add
 
 const char *tb_rma_status_string(int status);
 
+/* Run an atomic on local (width 4 or 8 bytes) with the CPU's atomic
+ * instructions, so it is atomic with this host's own atomics on the same
+ * memory; *old receives the value before.  TB_RMA_OK, or TB_RMA_EALIGN when
+ * local is not a multiple of width (nothing is touched). */
+tb_rma_status_t tb_rma_atomic(void *local, unsigned width, unsigned op, uint64_t operand,
+                              uint64_t compare, uint64_t *old);
+
 /* A peer's RMA message, parsed: header fields in host order, the payload
- * (PUT data, GET_RESP data) after the header. */
+ * (PUT data, GET_RESP data, ATOMIC_RESP's old value) after the header. */
 typedef struct tb_rma_msg {
     uint8_t tag;
     uint8_t status;
@@ -69,13 +77,18 @@ typedef struct tb_rma_msg {
     uint64_t len;
     const void *payload;
     size_t payload_len;
+    /* ATOMIC only */
+    uint8_t aop;
+    uint64_t operand;
+    uint64_t compare;
 } tb_rma_msg_t;
 
 /* Parse the RMA message data[0..len) that arrived with tag.  Every field is
  * checked: version, reserved zero, tag known, len at most max_len, and the
  * payload as long as the header says (PUT: len bytes; GET_RESP: len bytes,
- * none if refused; GET_REQ and PUT_ACK: none).  TB_RMA_OK, or TB_RMA_EPROTO
- * with *m unusable. */
+ * none if refused; GET_REQ and PUT_ACK: none; ATOMIC: len 4 or 8, a known
+ * operation, compare zero unless CSWAP; ATOMIC_RESP: len 4 or 8, 8 bytes,
+ * none if refused).  TB_RMA_OK, or TB_RMA_EPROTO with *m unusable. */
 tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t max_len,
                              tb_rma_msg_t *m);
 

@@ -124,17 +124,24 @@ _Static_assert(offsetof(tb_wire_addr_t, crc) == TB_WIRE_ADDR_SIZE - 4, "crc must
  * one-sided MPI runs through; 4.1 starts at MCA_BTL_TAG_BTL, 0x20).
  *
  * PUT carries the data after the header and is answered by PUT_ACK;
- * GET_REQ is answered by GET_RESP carrying the data.  The target checks
- * (key, addr, len) against memory it registered before touching any byte;
- * a refused request is answered with a non-zero status and no data.
+ * GET_REQ is answered by GET_RESP carrying the data.  ATOMIC carries a
+ * tb_wire_rma_atomic_t after the header (len: the operand's width, 4 or 8)
+ * and is answered by ATOMIC_RESP carrying the target's old value (8 bytes,
+ * little-endian).  The target checks (key, addr, len) against memory it
+ * registered before touching any byte; a refused request is answered with a
+ * non-zero status and no data.
+ *
+ * Version 2 added ATOMIC and ATOMIC_RESP.
  */
-#define TB_WIRE_RMA_VERSION 1
+#define TB_WIRE_RMA_VERSION 2
 
 enum {
     TB_TAG_RMA_PUT = 0x01,
     TB_TAG_RMA_PUT_ACK = 0x02,
     TB_TAG_RMA_GET_REQ = 0x03,
     TB_TAG_RMA_GET_RESP = 0x04,
+    TB_TAG_RMA_ATOMIC = 0x05,
+    TB_TAG_RMA_ATOMIC_RESP = 0x06,
     TB_TAG_FIRST_USER = 0x10,
 };
 
@@ -144,7 +151,38 @@ typedef enum {
     TB_RMA_ERANGE = 2,  /* [addr, addr+len) is not inside the region */
     TB_RMA_EACCES = 3,  /* the region does not allow this access */
     TB_RMA_EPROTO = 4,  /* malformed request */
+    TB_RMA_EALIGN = 5,  /* an atomic's address is not a multiple of its width */
 } tb_rma_status_t;
+#define TB_RMA_STATUS_MAX TB_RMA_EALIGN
+
+/* An atomic's operation.  Integers, two's complement; MIN and MAX compare
+ * signed.  CSWAP stores operand where the old value equals compare. */
+enum {
+    TB_RMA_AOP_ADD = 1,
+    TB_RMA_AOP_AND = 2,
+    TB_RMA_AOP_OR = 3,
+    TB_RMA_AOP_XOR = 4,
+    TB_RMA_AOP_LAND = 5,
+    TB_RMA_AOP_LOR = 6,
+    TB_RMA_AOP_LXOR = 7,
+    TB_RMA_AOP_SWAP = 8,
+    TB_RMA_AOP_MIN = 9,
+    TB_RMA_AOP_MAX = 10,
+    TB_RMA_AOP_CSWAP = 11,
+    TB_RMA_AOP_LAST = TB_RMA_AOP_CSWAP,
+};
+
+typedef struct __attribute__((packed)) tb_wire_rma_atomic {
+    uint8_t op;         /* TB_RMA_AOP_* */
+    uint8_t reserved;   /* zero */
+    uint16_t reserved2; /* zero */
+    uint32_t reserved3; /* zero */
+    uint64_t operand;   /* a 4-byte atomic uses the low half of both */
+    uint64_t compare;   /* CSWAP only, zero otherwise */
+} tb_wire_rma_atomic_t;
+
+#define TB_WIRE_RMA_ATOMIC_SIZE 24u
+_Static_assert(sizeof(tb_wire_rma_atomic_t) == TB_WIRE_RMA_ATOMIC_SIZE, "RMA atomic layout");
 
 typedef struct __attribute__((packed)) tb_wire_rma_hdr {
     uint8_t version;
@@ -288,6 +326,12 @@ typedef enum {
     TB_EREC_GONE = 18,  /* rank vpid behind peer link died; payload: why */
     TB_EREC_DOWN = 19,  /* peer link (that engine, or its cable) failed; payload: why */
 } tb_erec_type_t;
+
+/* RECV and GONE records whose link is TB_ELINK_LOCAL + dev come from a
+ * rank of this engine's own host, sent over the rank's route on device dev:
+ * the engine hands them from ring to ring (a route naming the engine itself
+ * says so).  Peer links are below it. */
+#define TB_ELINK_LOCAL 0x8000u
 
 typedef struct __attribute__((packed)) tb_wire_erec {
     uint32_t len;  /* payload bytes after this header */

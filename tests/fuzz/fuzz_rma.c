@@ -1,14 +1,15 @@
 /*
  * Fuzz target: the RMA request and reply handlers (tb_rma.h).  A peer's
- * message is parsed with tb_rma_parse(); a PUT or GET_REQ that parses is
- * checked with tb_rma_check() against a table of regions registered on
- * harness-owned buffers, and when the check passes the harness copies
- * exactly as the BTL does (PUT: the payload into the region; GET: the
- * region into a reply buffer), so ASan proves that a request that passes
- * touches nothing outside a registered region; the harness also checks the
- * bounds and the access itself.
+ * message is parsed with tb_rma_parse(); a PUT, GET_REQ or ATOMIC that
+ * parses is checked with tb_rma_check() against a table of regions
+ * registered on harness-owned buffers, and when the check passes the harness
+ * does exactly what the BTL does (PUT: the payload into the region; GET: the
+ * region into a reply buffer; ATOMIC: tb_rma_atomic on the region), so ASan
+ * proves that a request that passes touches nothing outside a registered
+ * region; the harness also checks the bounds, the access and the alignment
+ * itself.
  *
- * Input: tag byte (low 3 bits; 0, 5, 6, 7 are unknown tags), flags byte,
+ * Input: tag byte (low 3 bits; 0 and 7 are unknown tags), flags byte,
  * then the message.  R_SEAL fixes version and reserved fields; R_KEY makes
  * the key that of region (addr_lo & 7), R_REL makes addr relative to that
  * region's base, R_FIT makes a PUT's len its payload's.
@@ -43,8 +44,8 @@ static const struct {
     {1, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE},
     {100, TB_RMA_ACCESS_READ},
     {4096, TB_RMA_ACCESS_WRITE},
-    {5000, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE},
-    {MAX_LEN + 10, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE},
+    {5000, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE | TB_RMA_ACCESS_ATOMIC},
+    {MAX_LEN + 10, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE | TB_RMA_ACCESS_ATOMIC},
     {64, TB_RMA_ACCESS_READ | TB_RMA_ACCESS_WRITE},
 };
 
@@ -198,11 +199,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t i = 0; i < m.payload_len; i++) {
             (void) p[i];
         }
-        if (tag == TB_TAG_RMA_PUT || tag == TB_TAG_RMA_GET_REQ) {
-            uint32_t access = tag == TB_TAG_RMA_PUT ? TB_RMA_ACCESS_WRITE : TB_RMA_ACCESS_READ;
+        if (tag == TB_TAG_RMA_PUT || tag == TB_TAG_RMA_GET_REQ || tag == TB_TAG_RMA_ATOMIC) {
+            uint32_t access = tag == TB_TAG_RMA_PUT      ? TB_RMA_ACCESS_WRITE
+                              : tag == TB_TAG_RMA_GET_REQ ? TB_RMA_ACCESS_READ
+                                                          : TB_RMA_ACCESS_ATOMIC;
             void *local = (void *) 1;
             tb_rma_status_t cs = tb_rma_check(&t, m.key, m.addr, m.len, access, &local);
-            FUZZ_ASSERT(cs <= TB_RMA_EPROTO && (cs == TB_RMA_OK) == (local != NULL),
+            FUZZ_ASSERT(cs <= TB_RMA_STATUS_MAX && (cs == TB_RMA_OK) == (local != NULL),
                         "check returned %d with local %p", cs, local);
             (void) tb_rma_status_string(cs);
             if (cs == TB_RMA_OK) {
@@ -221,6 +224,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (tag == TB_TAG_RMA_PUT) {
                     FUZZ_ASSERT(m.payload_len == m.len, "a PUT passed without its data");
                     memcpy(local, m.payload, m.len);
+                } else if (tag == TB_TAG_RMA_ATOMIC) {
+                    uint64_t old;
+                    tb_rma_status_t as = tb_rma_atomic(local, (unsigned) m.len, m.aop,
+                                                       m.operand, m.compare, &old);
+                    FUZZ_ASSERT((as == TB_RMA_EALIGN) == (0 != (uintptr_t) local % m.len),
+                                "atomic at %p, width %llu: %d", local,
+                                (unsigned long long) m.len, as);
+                    FUZZ_ASSERT(m.aop >= TB_RMA_AOP_ADD && m.aop <= TB_RMA_AOP_LAST,
+                                "atomic op %u passed", m.aop);
                 } else {
                     memcpy(scratch, local, m.len);
                 }

@@ -250,7 +250,7 @@ START_TEST(parse_checks_every_field)
     ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
                      TB_RMA_EPROTO);
     hdr(m, 0, 0);
-    m[0] = 2;
+    m[0] = TB_WIRE_RMA_VERSION + 1;
     ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
                      TB_RMA_EPROTO);
     hdr(m, 0, 0);
@@ -258,9 +258,123 @@ START_TEST(parse_checks_every_field)
     ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
                      TB_RMA_EPROTO);
     hdr(m, 0, 0);
-    ck_assert_int_eq(tb_rma_parse(0x05, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r), TB_RMA_EPROTO);
+    ck_assert_int_eq(tb_rma_parse(0x07, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r), TB_RMA_EPROTO);
     ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_PUT_ACK, m, TB_WIRE_RMA_HDR_SIZE - 1, 1024, &r),
                      TB_RMA_EPROTO);
+}
+END_TEST
+
+static void atomic_msg(unsigned char *m, uint64_t width, uint8_t op, uint64_t operand,
+                       uint64_t compare)
+{
+    tb_wire_rma_atomic_t a;
+
+    hdr(m, 0, width);
+    memset(&a, 0, sizeof(a));
+    a.op = op;
+    a.operand = tb_wire_le64(operand);
+    a.compare = tb_wire_le64(compare);
+    memcpy(m + TB_WIRE_RMA_HDR_SIZE, &a, sizeof(a));
+}
+
+/* An atomic request and its answer are checked like every other message:
+ * width, operation, reserved bytes, a compare only where it means something. */
+START_TEST(parse_checks_atomics)
+{
+    unsigned char m[TB_WIRE_RMA_HDR_SIZE + TB_WIRE_RMA_ATOMIC_SIZE];
+    const size_t n = sizeof(m);
+    tb_rma_msg_t r;
+
+    atomic_msg(m, 8, TB_RMA_AOP_ADD, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_OK);
+    ck_assert_uint_eq(r.aop, TB_RMA_AOP_ADD);
+    ck_assert_uint_eq(r.operand, 5);
+    ck_assert_uint_eq(r.len, 8);
+    atomic_msg(m, 4, TB_RMA_AOP_CSWAP, 5, 9);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_OK);
+    ck_assert_uint_eq(r.compare, 9);
+    /* width, operation, compare outside CSWAP, reserved, length, status */
+    atomic_msg(m, 2, TB_RMA_AOP_ADD, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 16, TB_RMA_AOP_ADD, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 8, 0, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 8, TB_RMA_AOP_LAST + 1, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 8, TB_RMA_AOP_ADD, 5, 1);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 8, TB_RMA_AOP_ADD, 5, 0);
+    m[TB_WIRE_RMA_HDR_SIZE + 1] = 1;
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    atomic_msg(m, 8, TB_RMA_AOP_ADD, 5, 0);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n - 1, 1024, &r), TB_RMA_EPROTO);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    m[1] = TB_RMA_EACCES;
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC, m, n, 1024, &r), TB_RMA_EPROTO);
+    /* the answer: 8 bytes of old value, none when refused */
+    hdr(m, 0, 8);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC_RESP, m, TB_WIRE_RMA_HDR_SIZE + 8, 1024, &r),
+                     TB_RMA_OK);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC_RESP, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, 0, 3);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC_RESP, m, TB_WIRE_RMA_HDR_SIZE + 8, 1024, &r),
+                     TB_RMA_EPROTO);
+    hdr(m, TB_RMA_EALIGN, 8);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC_RESP, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_OK);
+    hdr(m, TB_RMA_STATUS_MAX + 1, 8);
+    ck_assert_int_eq(tb_rma_parse(TB_TAG_RMA_ATOMIC_RESP, m, TB_WIRE_RMA_HDR_SIZE, 1024, &r),
+                     TB_RMA_EPROTO);
+}
+END_TEST
+
+/* Every operation at both widths, against the arithmetic it names. */
+START_TEST(atomics_compute)
+{
+    static const struct {
+        unsigned op;
+        int64_t old, operand, compare, want;
+    } cases[] = {
+        {TB_RMA_AOP_ADD, 40, 2, 0, 42},   {TB_RMA_AOP_ADD, -1, 1, 0, 0},
+        {TB_RMA_AOP_AND, 12, 10, 0, 8},   {TB_RMA_AOP_OR, 12, 3, 0, 15},
+        {TB_RMA_AOP_XOR, 12, 10, 0, 6},   {TB_RMA_AOP_LAND, 7, 0, 0, 0},
+        {TB_RMA_AOP_LAND, 7, 9, 0, 1},    {TB_RMA_AOP_LOR, 0, 0, 0, 0},
+        {TB_RMA_AOP_LOR, 0, 5, 0, 1},     {TB_RMA_AOP_LXOR, 3, 5, 0, 0},
+        {TB_RMA_AOP_LXOR, 0, 5, 0, 1},    {TB_RMA_AOP_SWAP, 3, 77, 0, 77},
+        {TB_RMA_AOP_MIN, -5, 3, 0, -5},   {TB_RMA_AOP_MIN, 5, -3, 0, -3},
+        {TB_RMA_AOP_MAX, -5, 3, 0, 3},    {TB_RMA_AOP_MAX, 5, -3, 0, 5},
+        {TB_RMA_AOP_CSWAP, 9, 4, 9, 4},   {TB_RMA_AOP_CSWAP, 9, 4, 8, 9},
+    };
+    uint64_t buf[2], old;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        int32_t *w = (int32_t *) &buf[1];
+        buf[0] = (uint64_t) cases[i].old;
+        buf[1] = 0x5555555555555555ull;
+        w[0] = (int32_t) cases[i].old;
+        ck_assert_int_eq(tb_rma_atomic(&buf[0], 8, cases[i].op, (uint64_t) cases[i].operand,
+                                       (uint64_t) cases[i].compare, &old),
+                         TB_RMA_OK);
+        ck_assert_msg((int64_t) buf[0] == cases[i].want && (int64_t) old == cases[i].old,
+                      "64-bit case %zu: %lld (old %lld)", i, (long long) buf[0], (long long) old);
+        ck_assert_int_eq(tb_rma_atomic(w, 4, cases[i].op, (uint64_t) cases[i].operand,
+                                       (uint64_t) cases[i].compare, &old),
+                         TB_RMA_OK);
+        ck_assert_msg(w[0] == (int32_t) cases[i].want && (int32_t) old == (int32_t) cases[i].old,
+                      "32-bit case %zu: %d (old %d)", i, w[0], (int) (int32_t) old);
+        /* the neighbouring word is untouched */
+        ck_assert_int_eq(w[1], 0x55555555);
+    }
+    /* misaligned: refused, nothing written */
+    buf[0] = 1;
+    ck_assert_int_eq(tb_rma_atomic((char *) buf + 4, 8, TB_RMA_AOP_ADD, 1, 0, &old),
+                     TB_RMA_EALIGN);
+    ck_assert_int_eq(tb_rma_atomic((char *) buf + 2, 4, TB_RMA_AOP_ADD, 1, 0, &old),
+                     TB_RMA_EALIGN);
+    ck_assert_uint_eq(buf[0], 1);
 }
 END_TEST
 
@@ -280,6 +394,8 @@ int main(void)
     tcase_add_test(tc, keys_differ_across_tables);
     tcase_add_test(tc, keys_are_not_predictable);
     tcase_add_test(tc, parse_checks_every_field);
+    tcase_add_test(tc, parse_checks_atomics);
+    tcase_add_test(tc, atomics_compute);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
