@@ -69,6 +69,7 @@ struct mca_btl_base_endpoint_t {
     tb_conn_t *conn;
     opal_list_t rma_pending;  /* puts and gets awaiting their reply, in order */
     opal_list_t rma_deferred; /* replies the channel could not take yet, in order */
+    opal_list_t rma_unsent;   /* requests the path had no room for yet, in order */
     uint64_t rma_progress_ns; /* the latest answer (or the first request since none waited) */
     uint64_t next_rma_id;
     /* Through the host engine: the route number this endpoint's messages
@@ -76,6 +77,7 @@ struct mca_btl_base_endpoint_t {
     uint16_t route;
     bool route_sent;
     uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
+    bool loop; /* this process itself (btl_tbrdma_loop.c) */
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
 OBJ_CLASS_DECLARATION(mca_btl_base_endpoint_t);
@@ -91,6 +93,7 @@ struct mca_btl_tbrdma_module_t {
     opal_hash_table_t endpoint_by_name; /* opal_process_name_t as uint64 */
     mca_btl_base_module_error_cb_fn_t error_cb;
     uint64_t last_rma_check_ns;
+    mca_btl_base_endpoint_t *self; /* the endpoint of this process, once made */
 };
 
 /* Links (other engines) and routes a process keeps through its engine. */
@@ -121,6 +124,7 @@ typedef struct mca_btl_tbrdma_component_t {
     int free_list_max;
     int free_list_inc;
     tb_rma_table_t rma; /* memory exposed to peers' put/get */
+    size_t rma_unsent;  /* requests waiting for room, over all endpoints */
     opal_list_t get_replies; /* GET_RESPs whose data the channel still reads */
     bool started;       /* lock, lists and table exist */
     /* Connection setup: this process's secret (published in the modex) and
@@ -243,6 +247,29 @@ mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_mod
                                                                 uint32_t flags);
 int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
                                   mca_btl_base_registration_handle_t *handle);
+/* Atomics, executed by the target on memory it registered for them. */
+int mca_btl_tbrdma_atomic_op(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                             uint64_t remote_address,
+                             mca_btl_base_registration_handle_t *remote_handle,
+                             mca_btl_base_atomic_op_t op, uint64_t operand, int flags, int order,
+                             mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                             void *cbdata);
+int mca_btl_tbrdma_atomic_fop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                              void *local_address, uint64_t remote_address,
+                              mca_btl_base_registration_handle_t *local_handle,
+                              mca_btl_base_registration_handle_t *remote_handle,
+                              mca_btl_base_atomic_op_t op, uint64_t operand, int flags, int order,
+                              mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                              void *cbdata);
+int mca_btl_tbrdma_atomic_cswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                                void *local_address, uint64_t remote_address,
+                                mca_btl_base_registration_handle_t *local_handle,
+                                mca_btl_base_registration_handle_t *remote_handle,
+                                uint64_t compare, uint64_t value, int flags, int order,
+                                mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                                void *cbdata);
+/* Send the requests that waited for room, in order, as far as the path takes them. */
+void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint);
 /* A peer's RMA message (tags below TB_TAG_FIRST_USER). */
 void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
                                 size_t len);
@@ -264,6 +291,15 @@ void mca_btl_tbrdma_rma_forget_replies(mca_btl_base_endpoint_t *endpoint);
 /* Fail the endpoint (peer gone, protocol violation): pending work ends with
  * an error and ob1 is told. */
 void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *endpoint, const char *why);
+
+/* This process as its own peer (btl_tbrdma_loop.c). */
+mca_btl_base_endpoint_t *mca_btl_tbrdma_loop_endpoint(mca_btl_tbrdma_module_t *module,
+                                                      opal_proc_t *proc);
+int mca_btl_tbrdma_loop_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
+                             const struct iovec *iov, int iovcnt, void *cookie);
+int mca_btl_tbrdma_loop_progress(void);
+/* The endpoint goes away: what it queued ends now, canceled. */
+void mca_btl_tbrdma_loop_forget(mca_btl_base_endpoint_t *endpoint);
 
 /* The path through the host engine (btl_tbrdma_engine.c). */
 int mca_btl_tbrdma_engine_start(char *err, size_t errlen);

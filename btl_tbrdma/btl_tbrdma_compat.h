@@ -26,6 +26,13 @@
 #    error "tbrdma supports BTL interface 3.1.0 (Open MPI 4.1) and 3.3.0 (Open MPI 5.0)"
 #endif
 
+/* 5.0's osc/rdma wants remote completion said; 4.1 has no flag for it. */
+#if BTL_VERSION == 310
+#    define TBRDMA_FLAGS_REMOTE_COMPLETION 0
+#else
+#    define TBRDMA_FLAGS_REMOTE_COMPLETION MCA_BTL_FLAGS_RDMA_REMOTE_COMPLETION
+#endif
+
 /* The number of processes in this process's job, from the runtime; 0 if it
  * does not say. */
 static inline uint32_t tbrdma_compat_job_size(void)

@@ -227,9 +227,23 @@ static int tbrdma_component_register(void)
     m->btl_rdma_pipeline_send_length = 64 * 1024;
     m->btl_rdma_pipeline_frag_size = TBRDMA_RMA_LIMIT;
     m->btl_min_rdma_pipeline_size = 256 * 1024;
-    /* put and get are emulated over the channel (btl_tbrdma_rdma.c): one
-     * message per operation, no bounce through ob1's send pipeline. */
-    m->btl_flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_PUT | MCA_BTL_FLAGS_GET;
+    /* put, get and atomics are emulated over the channel (btl_tbrdma_rdma.c):
+     * one message per operation, no bounce through ob1's send pipeline, and
+     * an operation completes once the target answered, after it changed its
+     * memory.  That is what osc/rdma asks of the one BTL it runs one-sided
+     * MPI on directly, instead of wrapping it in active messages. */
+    m->btl_flags = MCA_BTL_FLAGS_SEND | MCA_BTL_FLAGS_PUT | MCA_BTL_FLAGS_GET
+                   | MCA_BTL_FLAGS_ATOMIC_OPS | MCA_BTL_FLAGS_ATOMIC_FOPS
+                   | TBRDMA_FLAGS_REMOTE_COMPLETION;
+    /* The target runs them with its CPU's atomic instructions: atomic with
+     * its host's own atomics on the same memory (GLOB). */
+    m->btl_atomic_flags = MCA_BTL_ATOMIC_SUPPORTS_ADD | MCA_BTL_ATOMIC_SUPPORTS_AND
+                          | MCA_BTL_ATOMIC_SUPPORTS_OR | MCA_BTL_ATOMIC_SUPPORTS_XOR
+                          | MCA_BTL_ATOMIC_SUPPORTS_LAND | MCA_BTL_ATOMIC_SUPPORTS_LOR
+                          | MCA_BTL_ATOMIC_SUPPORTS_LXOR | MCA_BTL_ATOMIC_SUPPORTS_SWAP
+                          | MCA_BTL_ATOMIC_SUPPORTS_MIN | MCA_BTL_ATOMIC_SUPPORTS_MAX
+                          | MCA_BTL_ATOMIC_SUPPORTS_32BIT | MCA_BTL_ATOMIC_SUPPORTS_CSWAP
+                          | MCA_BTL_ATOMIC_SUPPORTS_GLOB;
     m->btl_registration_handle_size = sizeof(mca_btl_base_registration_handle_t);
     m->btl_put_limit = TBRDMA_RMA_LIMIT;
     m->btl_get_limit = TBRDMA_RMA_LIMIT;
@@ -300,6 +314,7 @@ static int tbrdma_component_progress(void)
     int i, n = 0;
 
     OPAL_THREAD_LOCK(&c->lock);
+    n += mca_btl_tbrdma_loop_progress();
     if (c->engine) {
         n += mca_btl_tbrdma_engine_progress(now);
     }

@@ -26,18 +26,21 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
 {
     OBJ_CONSTRUCT(&ep->rma_pending, opal_list_t);
     OBJ_CONSTRUCT(&ep->rma_deferred, opal_list_t);
+    OBJ_CONSTRUCT(&ep->rma_unsent, opal_list_t);
     ep->conn = NULL;
     ep->state = TBRDMA_EP_IDLE;
     ep->next_rma_id = 1;
     ep->route = 0;
     ep->route_sent = false;
     memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
+    ep->loop = false;
 }
 
 static void endpoint_destruct(mca_btl_base_endpoint_t *ep)
 {
     OBJ_DESTRUCT(&ep->rma_pending);
     OBJ_DESTRUCT(&ep->rma_deferred);
+    OBJ_DESTRUCT(&ep->rma_unsent);
 }
 
 OBJ_CLASS_INSTANCE(mca_btl_base_endpoint_t, opal_list_item_t, endpoint_construct,
@@ -196,6 +199,9 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
     if (TBRDMA_EP_FAILED == endpoint->state) {
         return OPAL_ERR_UNREACH;
     }
+    if (endpoint->loop) {
+        return mca_btl_tbrdma_loop_send(endpoint, tag, iov, iovcnt, cookie);
+    }
     if (mca_btl_tbrdma_component.use_engine) {
         return mca_btl_tbrdma_engine_send(endpoint, tag, iov, iovcnt, cookie);
     }
@@ -279,7 +285,9 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
         tb_conn_destroy(ep->conn);
         ep->conn = NULL;
     }
-    if (mca_btl_tbrdma_component.engine) {
+    if (ep->loop) {
+        mca_btl_tbrdma_loop_forget(ep);
+    } else if (mca_btl_tbrdma_component.engine) {
         mca_btl_tbrdma_engine_forget(ep);
     }
     mca_btl_tbrdma_rma_fail_pending(ep, OPAL_ERR_UNREACH);
@@ -472,6 +480,12 @@ static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
 {
     mca_btl_base_endpoint_t *ep, *next;
 
+    /* Requests waiting for room go out as soon as there is some. */
+    if (mca_btl_tbrdma_component.rma_unsent) {
+        OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
+            mca_btl_tbrdma_rma_post_unsent(ep);
+        }
+    }
     if (now - module->last_rma_check_ns < 100000000ull) {
         return;
     }

@@ -294,15 +294,27 @@ void mca_btl_tbrdma_engine_send_cancel(void)
 
 /* ---- from the engine ---------------------------------------------------- */
 
+/* The engine behind link: a peer engine, or this host's own for its
+ * local links (TB_ELINK_LOCAL + device). */
+static const uint8_t *engine_of_link(uint16_t link)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
+    return link >= TB_ELINK_LOCAL ? c->engine_id : c->links[link].engine_id;
+}
+
 static mca_btl_tbrdma_module_t *module_of_link(uint16_t link)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     int dev;
 
-    if (link >= TBRDMA_ENGINE_MAX_LINKS || !c->links[link].known) {
+    if (link >= TB_ELINK_LOCAL) {
+        dev = link - TB_ELINK_LOCAL;
+    } else if (link >= TBRDMA_ENGINE_MAX_LINKS || !c->links[link].known) {
         return NULL;
+    } else {
+        dev = c->links[link].dev;
     }
-    dev = c->links[link].dev;
     for (int i = 0; i < c->num_modules; ++i) {
         if (c->modules[i]->index == dev) {
             return c->modules[i];
@@ -329,7 +341,7 @@ static mca_btl_base_endpoint_t *endpoint_of(uint16_t link, uint32_t vpid)
         proc = opal_proc_for_name(name);
         ep = proc ? mca_btl_tbrdma_module_endpoint_for(module, proc) : NULL;
     }
-    if (NULL == ep || 0 != memcmp(ep->peer_engine, c->links[link].engine_id,
+    if (NULL == ep || 0 != memcmp(ep->peer_engine, engine_of_link(link),
                                   sizeof(ep->peer_engine))) {
         return NULL;
     }
@@ -385,8 +397,7 @@ static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
         return;
     }
     ep = mca_btl_tbrdma_module_find_endpoint(module, &name);
-    if (ep && 0 == memcmp(ep->peer_engine, mca_btl_tbrdma_component.links[link].engine_id,
-                          sizeof(ep->peer_engine))) {
+    if (ep && 0 == memcmp(ep->peer_engine, engine_of_link(link), sizeof(ep->peer_engine))) {
         mca_btl_tbrdma_endpoint_fail(ep, why);
     }
 }

@@ -70,8 +70,11 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
             free(mx);
             return NULL;
         }
-        dev = tb_modex_find_cable(mx, module->device->ipv4.s_addr,
-                                  module->device->netmask.s_addr);
+        /* A rank of this host (through the engine) has this device itself. */
+        dev = OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)
+                  ? tb_modex_find_device(mx, module->device->ipv4.s_addr)
+                  : tb_modex_find_cable(mx, module->device->ipv4.s_addr,
+                                        module->device->netmask.s_addr);
     } else {
         opal_output(0, "btl:tbrdma on %s: ignoring the tbrdma entry of %s: %s",
                     opal_process_info.nodename, opal_get_proc_hostname(proc), why);
@@ -83,7 +86,10 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
         return NULL;
     }
     ep = mca_btl_tbrdma_endpoint_create(module, proc, mx, &mx->devices[dev]);
-    if (ep) {
+    if (ep && OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)) {
+        BTL_TBRDMA_VERBOSE(20, "%s: rank %u of this host, from ring to ring in the engine",
+                           module->device->name, (unsigned) proc->proc_name.vpid);
+    } else if (ep) {
         BTL_TBRDMA_VERBOSE(20, "%s reaches %s through %s", module->device->name,
                            opal_get_proc_hostname(proc),
                            c->use_engine ? "the host engine" : "its own queue pairs");
@@ -107,7 +113,15 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     }
     for (i = 0; i < nprocs; ++i) {
         peers[i] = NULL;
-        if (procs[i] == opal_proc_local_get() || OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags)) {
+        if (procs[i] == opal_proc_local_get()) {
+            /* For osc/rdma, which wants one BTL reaching every process. */
+            peers[i] = mca_btl_tbrdma_loop_endpoint(module, procs[i]);
+            continue;
+        }
+        /* This host's other ranks: only through the engine, which hands
+         * their messages from ring to ring (for osc/rdma too; ob1 prefers
+         * shared memory's higher exclusivity for its own traffic). */
+        if (OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags) && !c->use_engine) {
             continue;
         }
         peers[i] = mca_btl_tbrdma_module_endpoint_for(module, procs[i]);
@@ -116,7 +130,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     /* Every process of this host may connect to every peer across this
      * cable, each connection taking one queue pair per lane from the
      * device's limit (shared by the whole host). */
-    nreach = opal_list_get_size(&module->endpoints);
+    nreach = opal_list_get_size(&module->endpoints) - (NULL != module->self);
     if (!c->use_engine && (size_t) local_procs * nreach * (size_t) c->tunables.lanes >
         (size_t) c->tunables.qps_per_device) {
         mca_btl_tbrdma_show_help("queue pair budget", opal_process_info.nodename,
@@ -314,12 +328,14 @@ static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
     if (total > btl->btl_eager_limit || TBRDMA_EP_FAILED == endpoint->state) {
         return TBRDMA_EP_FAILED == endpoint->state ? OPAL_ERR_UNREACH : OPAL_ERR_OUT_OF_RESOURCE;
     }
-    if (mca_btl_tbrdma_component.use_engine) {
+    /* To this process itself there is no slot to pack into: the fragment
+     * below is the copy. */
+    if (!endpoint->loop && mca_btl_tbrdma_component.use_engine) {
         rc = sendi_engine(endpoint, convertor, header, header_size, payload_size, tag);
         if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
             return rc;
         }
-    } else if (TBRDMA_EP_CONNECTED == endpoint->state) {
+    } else if (!endpoint->loop && TBRDMA_EP_CONNECTED == endpoint->state) {
         rc = sendi_direct(endpoint, convertor, header, header_size, payload_size, tag);
         if (OPAL_ERR_OUT_OF_RESOURCE != rc) {
             return rc;
@@ -470,6 +486,9 @@ mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template = {
             .btl_sendi = tbrdma_sendi,
             .btl_put = mca_btl_tbrdma_put,
             .btl_get = mca_btl_tbrdma_get,
+            .btl_atomic_op = mca_btl_tbrdma_atomic_op,
+            .btl_atomic_fop = mca_btl_tbrdma_atomic_fop,
+            .btl_atomic_cswap = mca_btl_tbrdma_atomic_cswap,
             .btl_register_mem = mca_btl_tbrdma_register_mem,
             .btl_deregister_mem = mca_btl_tbrdma_deregister_mem,
             .btl_register_error = tbrdma_register_error,

@@ -1,12 +1,21 @@
 /*
- * tbrdma BTL: put and get emulated over the channel.
+ * tbrdma BTL: put, get and atomics emulated over the channel.
  *
- * Apple's RDMA has no RDMA WRITE or READ.  A put is a message carrying the
- * data, answered by PUT_ACK once the target wrote it; a get is a request
- * answered by GET_RESP carrying the data (tb_wire.h, RMA section).  The
- * target writes or reads only memory it registered (tb_rma), after checking
- * the key, the range and the access.  The channel delivers in order, so the
- * replies come back in the order of the requests.
+ * Apple's RDMA has no RDMA WRITE or READ and no atomics.  A put is a message
+ * carrying the data, answered by PUT_ACK once the target wrote it; a get is
+ * a request answered by GET_RESP carrying the data; an atomic is executed by
+ * the target with its CPU's atomic instructions and answered by ATOMIC_RESP
+ * with the old value (tb_wire.h, RMA section).  The target writes or reads
+ * only memory it registered (tb_rma), after checking the key, the range and
+ * the access.  The channel delivers in order, so the replies come back in
+ * the order of the requests.  Every answer means the target's memory has
+ * changed: completion is remote completion, which osc/rdma asks of the BTL
+ * it runs on.
+ *
+ * A request the path cannot take yet (its ring or channel is full) waits on
+ * the endpoint, in order, and goes out from progress: a put or get is never
+ * refused for want of room, which neither ob1 (5.0.7 frees a fragment it
+ * also queues for retry) nor osc/rdma would take well.
  *
  * Every message is parsed and checked whole (tb_rma_parse) before use; a
  * peer that breaks the protocol (a reply nobody asked for, a message that
@@ -23,20 +32,33 @@
 typedef struct tbrdma_rma_req_t {
     opal_list_item_t super;
     mca_btl_tbrdma_cookie_t cookie;
-    tb_wire_rma_hdr_t hdr; /* the request as sent */
+    opal_list_item_t unsent; /* in the endpoint's rma_unsent while the path had no room */
+    tb_wire_rma_hdr_t hdr;   /* the request as sent */
+    tb_wire_rma_atomic_t atomic;
     uint8_t tag;
+    int queued;  /* in rma_unsent: not handed to the path yet */
     int sent;    /* the channel finished sending the request */
     int replied; /* the reply came (status in reply_status) */
     int placed;  /* a get whose answer the channel writes straight to local_address */
     int reply_status;
     void *local_address;
-    size_t size;
+    size_t size; /* an atomic: its width */
     mca_btl_base_registration_handle_t *local_handle;
     mca_btl_base_rdma_completion_fn_t cbfunc;
     void *cbcontext;
     void *cbdata;
 } tbrdma_rma_req_t;
-OBJ_CLASS_INSTANCE(tbrdma_rma_req_t, opal_list_item_t, NULL, NULL);
+static void req_construct(tbrdma_rma_req_t *req)
+{
+    OBJ_CONSTRUCT(&req->unsent, opal_list_item_t);
+}
+
+static void req_destruct(tbrdma_rma_req_t *req)
+{
+    OBJ_DESTRUCT(&req->unsent);
+}
+
+OBJ_CLASS_INSTANCE(tbrdma_rma_req_t, opal_list_item_t, req_construct, req_destruct);
 
 /* A reply must outlive the call that sends it: the channel reads it later.
  * A GET_RESP's data is the registered memory itself until the channel has
@@ -52,6 +74,7 @@ typedef struct tbrdma_rma_reply_t {
     const void *data; /* GET_RESP: what to send after the header */
     size_t len;
     void *copy;       /* a deferred GET_RESP's own copy of the data */
+    uint64_t old;     /* ATOMIC_RESP: the data, little-endian */
 } tbrdma_rma_reply_t;
 OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
 
@@ -60,6 +83,31 @@ OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
 #define TBRDMA_MAX_DEFERRED_REPLIES 4096
 
 #define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
+#define REQ_OF_UNSENT(i) ((tbrdma_rma_req_t *) ((char *) (i) -offsetof(tbrdma_rma_req_t, unsent)))
+
+static const char *request_name(uint8_t tag)
+{
+    switch (tag) {
+    case TB_TAG_RMA_PUT:
+        return "put";
+    case TB_TAG_RMA_GET_REQ:
+        return "get";
+    default:
+        return "atomic";
+    }
+}
+
+static uint8_t answer_tag(uint8_t request)
+{
+    switch (request) {
+    case TB_TAG_RMA_PUT:
+        return TB_TAG_RMA_PUT_ACK;
+    case TB_TAG_RMA_GET_REQ:
+        return TB_TAG_RMA_GET_RESP;
+    default:
+        return TB_TAG_RMA_ATOMIC_RESP;
+    }
+}
 
 /* The largest put or get this process serves: one message on its path. */
 static size_t rma_limit(void)
@@ -79,20 +127,85 @@ static void maybe_complete(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *
     if (!req->sent || !req->replied) {
         return;
     }
-    req->cbfunc(&endpoint->module->super, endpoint, req->local_address, req->local_handle,
-                req->cbcontext, req->cbdata, req->reply_status);
+    /* osc/rdma gives none when it waits with btl_flush instead. */
+    if (NULL != req->cbfunc) {
+        req->cbfunc(&endpoint->module->super, endpoint, req->local_address, req->local_handle,
+                    req->cbcontext, req->cbdata, req->reply_status);
+    }
     OBJ_RELEASE(req);
+}
+
+/* Hand the request to the path: OPAL_SUCCESS, OPAL_ERR_OUT_OF_RESOURCE
+ * when it has no room yet, or the endpoint's failure. */
+static int request_post(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *req)
+{
+    struct iovec iov[2];
+    int n = 1;
+
+    iov[0].iov_base = &req->hdr;
+    iov[0].iov_len = sizeof(req->hdr);
+    if (TB_TAG_RMA_PUT == req->tag) {
+        iov[1].iov_base = req->local_address;
+        iov[1].iov_len = req->size;
+        n = 2;
+    } else if (TB_TAG_RMA_ATOMIC == req->tag) {
+        iov[1].iov_base = &req->atomic;
+        iov[1].iov_len = sizeof(req->atomic);
+        n = 2;
+    }
+    return mca_btl_tbrdma_endpoint_send(endpoint, req->tag, iov, n, &req->cookie);
+}
+
+/* Requests go out in order: once one waits for room, the rest wait behind it. */
+static void post_unsent(mca_btl_base_endpoint_t *endpoint)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
+    while (!opal_list_is_empty(&endpoint->rma_unsent)) {
+        tbrdma_rma_req_t *req = REQ_OF_UNSENT(opal_list_get_first(&endpoint->rma_unsent));
+        int rc = request_post(endpoint, req);
+
+        if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
+            return;
+        }
+        opal_list_remove_item(&endpoint->rma_unsent, &req->unsent);
+        req->queued = 0;
+        c->rma_unsent--;
+        if (OPAL_SUCCESS != rc) {
+            /* The endpoint failed meanwhile: no answer will come. */
+            opal_list_remove_item(&endpoint->rma_pending, &req->super);
+            req->sent = 1;
+            req->replied = 1;
+            req->reply_status = rc;
+            maybe_complete(endpoint, req);
+        }
+    }
+}
+
+void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint)
+{
+    post_unsent(endpoint);
 }
 
 static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
                  uint64_t remote_address, mca_btl_base_registration_handle_t *local_handle,
                  mca_btl_base_registration_handle_t *remote_handle, size_t size,
-                 mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
+                 const tb_wire_rma_atomic_t *atomic, mca_btl_base_rdma_completion_fn_t cbfunc,
+                 void *cbcontext, void *cbdata)
 {
-    tbrdma_rma_req_t *req = OBJ_NEW(tbrdma_rma_req_t);
-    struct iovec iov[2];
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    tbrdma_rma_req_t *req;
     int rc;
 
+    if (TBRDMA_EP_FAILED == endpoint->state) {
+        return OPAL_ERR_UNREACH;
+    }
+    /* Only this process's own memory goes without a handle: osc/rdma 4.1
+     * runs atomics on itself so, at addresses it reads directly too. */
+    if (NULL == remote_handle && !endpoint->loop) {
+        return OPAL_ERR_BAD_PARAM;
+    }
+    req = OBJ_NEW(tbrdma_rma_req_t);
     if (NULL == req) {
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
@@ -100,12 +213,13 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     memset(&req->hdr, 0, sizeof(req->hdr));
     req->hdr.version = TB_WIRE_RMA_VERSION;
     req->hdr.req_id = tb_wire_le64(endpoint->next_rma_id++);
-    req->hdr.key = tb_wire_le64(remote_handle->key);
+    req->hdr.key = tb_wire_le64(remote_handle ? remote_handle->key : 0);
     req->hdr.addr = tb_wire_le64(remote_address);
     req->hdr.len = tb_wire_le64(size);
     req->tag = tag;
     /* OBJ_NEW does not clear: a recycled request would otherwise start out
      * sent and replied, completing at its first event and again at its last. */
+    req->queued = 0;
     req->sent = 0;
     req->replied = 0;
     req->placed = 0;
@@ -116,17 +230,22 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     req->cbfunc = cbfunc;
     req->cbcontext = cbcontext;
     req->cbdata = cbdata;
+    if (atomic) {
+        req->atomic = *atomic;
+    }
 
-    iov[0].iov_base = &req->hdr;
-    iov[0].iov_len = sizeof(req->hdr);
-    iov[1].iov_base = local_address;
-    iov[1].iov_len = size;
     if (opal_list_is_empty(&endpoint->rma_pending)) {
         endpoint->rma_progress_ns = mca_btl_tbrdma_now_ns(); /* waiting starts now */
     }
     opal_list_append(&endpoint->rma_pending, &req->super);
-    rc = mca_btl_tbrdma_endpoint_send(endpoint, tag, iov, TB_TAG_RMA_PUT == tag ? 2 : 1,
-                                      &req->cookie);
+    rc = opal_list_is_empty(&endpoint->rma_unsent) ? request_post(endpoint, req)
+                                                    : OPAL_ERR_OUT_OF_RESOURCE;
+    if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
+        opal_list_append(&endpoint->rma_unsent, &req->unsent);
+        req->queued = 1;
+        c->rma_unsent++;
+        return OPAL_SUCCESS;
+    }
     if (OPAL_SUCCESS != rc) {
         opal_list_remove_item(&endpoint->rma_pending, &req->super);
         OBJ_RELEASE(req);
@@ -137,13 +256,14 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
 static int start_locked(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
                         uint64_t remote_address, mca_btl_base_registration_handle_t *local_handle,
                         mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                        const tb_wire_rma_atomic_t *atomic,
                         mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
 {
     int rc;
 
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     rc = start(endpoint, tag, local_address, remote_address, local_handle, remote_handle, size,
-               cbfunc, cbcontext, cbdata);
+               atomic, cbfunc, cbcontext, cbdata);
     OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
     return rc;
 }
@@ -156,10 +276,11 @@ int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        void *cbdata)
 {
     int rc = start_locked(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
-                          remote_handle, size, cbfunc, cbcontext, cbdata);
+                          remote_handle, size, NULL, cbfunc, cbcontext, cbdata);
 
     /* ob1 (5.0.7) both queues a put fragment for retry and frees it when put
-     * reports OUT_OF_RESOURCE; any other error makes it send the data instead. */
+     * reports OUT_OF_RESOURCE (here only out of memory); any other error
+     * makes it send the data instead. */
     return OPAL_ERR_OUT_OF_RESOURCE == rc ? OPAL_ERROR : rc;
 }
 
@@ -171,7 +292,92 @@ int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        void *cbdata)
 {
     return start_locked(endpoint, TB_TAG_RMA_GET_REQ, local_address, remote_address, local_handle,
-                        remote_handle, size, cbfunc, cbcontext, cbdata);
+                        remote_handle, size, NULL, cbfunc, cbcontext, cbdata);
+}
+
+/* Open MPI's atomic operation, as the wire names it; 0 if there is none. */
+static uint8_t wire_aop(mca_btl_base_atomic_op_t op)
+{
+    switch (op) {
+    case MCA_BTL_ATOMIC_ADD:
+        return TB_RMA_AOP_ADD;
+    case MCA_BTL_ATOMIC_AND:
+        return TB_RMA_AOP_AND;
+    case MCA_BTL_ATOMIC_OR:
+        return TB_RMA_AOP_OR;
+    case MCA_BTL_ATOMIC_XOR:
+        return TB_RMA_AOP_XOR;
+    case MCA_BTL_ATOMIC_LAND:
+        return TB_RMA_AOP_LAND;
+    case MCA_BTL_ATOMIC_LOR:
+        return TB_RMA_AOP_LOR;
+    case MCA_BTL_ATOMIC_LXOR:
+        return TB_RMA_AOP_LXOR;
+    case MCA_BTL_ATOMIC_SWAP:
+        return TB_RMA_AOP_SWAP;
+    case MCA_BTL_ATOMIC_MIN:
+        return TB_RMA_AOP_MIN;
+    case MCA_BTL_ATOMIC_MAX:
+        return TB_RMA_AOP_MAX;
+    default:
+        return 0;
+    }
+}
+
+static int start_atomic(mca_btl_base_endpoint_t *endpoint, void *local_address,
+                        uint64_t remote_address, mca_btl_base_registration_handle_t *local_handle,
+                        mca_btl_base_registration_handle_t *remote_handle, uint8_t aop,
+                        uint64_t operand, uint64_t compare, int flags,
+                        mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
+{
+    size_t width = (flags & MCA_BTL_ATOMIC_FLAG_32BIT) ? 4 : 8;
+    tb_wire_rma_atomic_t a;
+
+    /* Integers only (the atomic flags claim no FLOAT), at the width's alignment. */
+    if (0 == aop || (flags & MCA_BTL_ATOMIC_FLAG_FLOAT) || 0 != remote_address % width) {
+        return OPAL_ERR_NOT_AVAILABLE;
+    }
+    memset(&a, 0, sizeof(a));
+    a.op = aop;
+    a.operand = tb_wire_le64(operand);
+    a.compare = tb_wire_le64(compare);
+    return start_locked(endpoint, TB_TAG_RMA_ATOMIC, local_address, remote_address, local_handle,
+                        remote_handle, width, &a, cbfunc, cbcontext, cbdata);
+}
+
+int mca_btl_tbrdma_atomic_op(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                             uint64_t remote_address,
+                             mca_btl_base_registration_handle_t *remote_handle,
+                             mca_btl_base_atomic_op_t op, uint64_t operand, int flags, int order,
+                             mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                             void *cbdata)
+{
+    return start_atomic(endpoint, NULL, remote_address, NULL, remote_handle, wire_aop(op),
+                        operand, 0, flags, cbfunc, cbcontext, cbdata);
+}
+
+int mca_btl_tbrdma_atomic_fop(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                              void *local_address, uint64_t remote_address,
+                              mca_btl_base_registration_handle_t *local_handle,
+                              mca_btl_base_registration_handle_t *remote_handle,
+                              mca_btl_base_atomic_op_t op, uint64_t operand, int flags, int order,
+                              mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                              void *cbdata)
+{
+    return start_atomic(endpoint, local_address, remote_address, local_handle, remote_handle,
+                        wire_aop(op), operand, 0, flags, cbfunc, cbcontext, cbdata);
+}
+
+int mca_btl_tbrdma_atomic_cswap(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
+                                void *local_address, uint64_t remote_address,
+                                mca_btl_base_registration_handle_t *local_handle,
+                                mca_btl_base_registration_handle_t *remote_handle,
+                                uint64_t compare, uint64_t value, int flags, int order,
+                                mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                                void *cbdata)
+{
+    return start_atomic(endpoint, local_address, remote_address, local_handle, remote_handle,
+                        TB_RMA_AOP_CSWAP, value, compare, flags, cbfunc, cbcontext, cbdata);
 }
 
 mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_module_t *btl,
@@ -191,6 +397,9 @@ mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_mod
     }
     if (flags & MCA_BTL_REG_FLAG_REMOTE_WRITE) {
         access |= TB_RMA_ACCESS_WRITE;
+    }
+    if (flags & MCA_BTL_REG_FLAG_REMOTE_ATOMIC) {
+        access |= TB_RMA_ACCESS_ATOMIC;
     }
     OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     rc = tb_rma_register(&mca_btl_tbrdma_component.rma, base, size, access, &handle->key);
@@ -315,8 +524,10 @@ static void post_deferred(mca_btl_base_endpoint_t *endpoint)
     }
 }
 
+/* hdr_len: the header's len (an atomic's width, a get's size); data and
+ * len: what follows the header. */
 static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t req_id,
-                       int status, uint64_t key, const void *data, size_t len)
+                       int status, uint64_t key, uint64_t hdr_len, const void *data, size_t len)
 {
     tbrdma_rma_reply_t *reply = OBJ_NEW(tbrdma_rma_reply_t);
     int rc;
@@ -330,13 +541,18 @@ static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t 
     reply->hdr.version = TB_WIRE_RMA_VERSION;
     reply->hdr.status = (uint8_t) status;
     reply->hdr.req_id = tb_wire_le64(req_id);
-    reply->hdr.len = tb_wire_le64(len);
+    reply->hdr.len = tb_wire_le64(hdr_len);
     reply->endpoint = endpoint;
     reply->tag = tag;
     reply->key = TB_RMA_OK == status ? key : 0;
     reply->data = data;
     reply->len = len;
     reply->copy = NULL;
+    if (TB_TAG_RMA_ATOMIC_RESP == tag && TB_RMA_OK == status) {
+        /* The answer outlives this call: it carries its own value. */
+        memcpy(&reply->old, data, sizeof(reply->old));
+        reply->data = &reply->old;
+    }
     if (opal_list_is_empty(&endpoint->rma_deferred)) {
         rc = reply_post(reply);
         if (OPAL_SUCCESS == rc) {
@@ -355,30 +571,52 @@ static void send_reply(mca_btl_base_endpoint_t *endpoint, uint8_t tag, uint64_t 
  * stale or forged handle, which is a bug worth seeing. */
 static void serve(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, int status)
 {
-    int put = TB_TAG_RMA_PUT == m->tag;
+    static const uint32_t access[] = {
+        [TB_TAG_RMA_PUT] = TB_RMA_ACCESS_WRITE,
+        [TB_TAG_RMA_GET_REQ] = TB_RMA_ACCESS_READ,
+        [TB_TAG_RMA_ATOMIC] = TB_RMA_ACCESS_ATOMIC,
+    };
+    uint64_t old = 0;
     void *local = NULL;
 
-    if (TB_RMA_OK == status) {
+    if (TB_RMA_OK == status && endpoint->loop && 0 == m->key) {
+        /* From this process to itself without a handle (start()): nothing
+         * from outside reaches the loopback. */
+        local = (void *) (uintptr_t) m->addr;
+    } else if (TB_RMA_OK == status) {
         status = tb_rma_check(&mca_btl_tbrdma_component.rma, m->key, m->addr, m->len,
-                              put ? TB_RMA_ACCESS_WRITE : TB_RMA_ACCESS_READ, &local);
+                              access[m->tag], &local);
+    }
+    if (TB_RMA_OK == status && TB_TAG_RMA_ATOMIC == m->tag) {
+        status = tb_rma_atomic(local, (unsigned) m->len, m->aop, m->operand, m->compare, &old);
     }
     if (TB_RMA_OK != status) {
         opal_output(0,
-                    "btl:tbrdma on %s: refused a %s of %llu bytes at 0x%llx (key %016llx) from "
+                    "btl:tbrdma on %s: refused a%s %s of %llu bytes at 0x%llx (key %016llx) from "
                     "%s: %s; nothing was %s",
-                    opal_process_info.nodename, put ? "put" : "get", (unsigned long long) m->len,
+                    opal_process_info.nodename, TB_TAG_RMA_ATOMIC == m->tag ? "n" : "",
+                    request_name(m->tag), (unsigned long long) m->len,
                     (unsigned long long) m->addr, (unsigned long long) m->key,
                     opal_get_proc_hostname(endpoint->proc), tb_rma_status_string(status),
-                    put ? "written" : "read");
-        send_reply(endpoint, put ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP, m->req_id, status, 0,
-                   NULL, 0);
+                    TB_TAG_RMA_GET_REQ == m->tag ? "read" : "written");
+        send_reply(endpoint, answer_tag(m->tag), m->req_id, status, 0,
+                   TB_TAG_RMA_ATOMIC == m->tag ? m->len : 0, NULL, 0);
         return;
     }
-    if (put) {
+    switch (m->tag) {
+    case TB_TAG_RMA_PUT:
         memcpy(local, m->payload, m->len);
-        send_reply(endpoint, TB_TAG_RMA_PUT_ACK, m->req_id, TB_RMA_OK, 0, NULL, 0);
-    } else {
-        send_reply(endpoint, TB_TAG_RMA_GET_RESP, m->req_id, TB_RMA_OK, m->key, local, m->len);
+        send_reply(endpoint, TB_TAG_RMA_PUT_ACK, m->req_id, TB_RMA_OK, 0, 0, NULL, 0);
+        break;
+    case TB_TAG_RMA_GET_REQ:
+        send_reply(endpoint, TB_TAG_RMA_GET_RESP, m->req_id, TB_RMA_OK, m->key, m->len, local,
+                   m->len);
+        break;
+    default:
+        old = tb_wire_le64(old);
+        send_reply(endpoint, TB_TAG_RMA_ATOMIC_RESP, m->req_id, TB_RMA_OK, 0, m->len, &old,
+                   sizeof(old));
+        break;
     }
 }
 
@@ -391,23 +629,34 @@ static void complete(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, b
 
     if (!opal_list_is_empty(&endpoint->rma_pending)) {
         req = (tbrdma_rma_req_t *) opal_list_get_first(&endpoint->rma_pending);
-        want = TB_TAG_RMA_PUT == req->tag ? TB_TAG_RMA_PUT_ACK : TB_TAG_RMA_GET_RESP;
+        want = answer_tag(req->tag);
     }
-    if (NULL == req || tb_wire_le64(req->hdr.req_id) != m->req_id || want != m->tag
-        || (TB_TAG_RMA_GET_RESP == m->tag && TB_RMA_OK == status && m->len != req->size)
+    if (NULL == req || req->queued || tb_wire_le64(req->hdr.req_id) != m->req_id
+        || want != m->tag
+        || (TB_RMA_OK == status && TB_TAG_RMA_PUT_ACK != m->tag && m->len != req->size)
         || placed != (bool) req->placed) {
-        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer answered a put or get that was not "
-                                               "asked (protocol violation)");
+        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer answered a put, get or atomic that was "
+                                               "not asked (protocol violation)");
         return;
     }
     if (TB_RMA_OK == status && TB_TAG_RMA_GET_RESP == m->tag && !placed) {
         memcpy(req->local_address, m->payload, m->payload_len);
     }
+    if (TB_RMA_OK == status && TB_TAG_RMA_ATOMIC_RESP == m->tag && NULL != req->local_address) {
+        uint64_t old;
+        memcpy(&old, m->payload, sizeof(old));
+        old = tb_wire_le64(old);
+        if (4 == req->size) {
+            uint32_t narrow = (uint32_t) old;
+            memcpy(req->local_address, &narrow, sizeof(narrow));
+        } else {
+            memcpy(req->local_address, &old, sizeof(old));
+        }
+    }
     if (TB_RMA_OK != status) {
         opal_output(0, "btl:tbrdma on %s: %s of %zu bytes refused by %s: %s",
-                    opal_process_info.nodename, TB_TAG_RMA_PUT == req->tag ? "put" : "get",
-                    req->size, opal_get_proc_hostname(endpoint->proc),
-                    tb_rma_status_string(status));
+                    opal_process_info.nodename, request_name(req->tag), req->size,
+                    opal_get_proc_hostname(endpoint->proc), tb_rma_status_string(status));
     }
     opal_list_remove_item(&endpoint->rma_pending, &req->super);
     endpoint->rma_progress_ns = mca_btl_tbrdma_now_ns();
@@ -421,7 +670,7 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
 {
     tb_rma_msg_t m;
     int status = tb_rma_parse(tag, data, len, rma_limit(), &m);
-    bool request = TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag;
+    bool request = TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag || TB_TAG_RMA_ATOMIC == tag;
 
     /* A malformed request with a readable header is answered, so its
      * requester hears why; anything else malformed ends the connection. */
@@ -507,6 +756,7 @@ static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 
 const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
+    post_unsent(endpoint);
     post_deferred(endpoint);
     /* Through the engine, liveness is the engines' business: a target that
      * computes for long answers late, and is not dead for it. */
@@ -549,6 +799,13 @@ void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int stat
 {
     tbrdma_rma_req_t *req, *next;
 
+    /* What never went out has no send to complete: it ends now. */
+    while (!opal_list_is_empty(&endpoint->rma_unsent)) {
+        req = REQ_OF_UNSENT(opal_list_remove_first(&endpoint->rma_unsent));
+        mca_btl_tbrdma_component.rma_unsent--;
+        req->queued = 0;
+        req->sent = 1;
+    }
     OPAL_LIST_FOREACH_SAFE (req, next, &endpoint->rma_pending, tbrdma_rma_req_t) {
         if (req->sent) {
             opal_list_remove_item(&endpoint->rma_pending, &req->super);

@@ -120,7 +120,8 @@ static int rank_flush_overflow(eng_rank_t *r)
         if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->data, m->len, NULL, 0)) {
             break;
         }
-        if (TB_EREC_RECV == m->type && 0 != rxq_push(r, m->link, (uint32_t) m->len)) {
+        if (TB_EREC_RECV == m->type && m->link < TB_ELINK_LOCAL
+            && 0 != rxq_push(r, m->link, (uint32_t) m->len)) {
             tb_eng_rank_fail(r, "out of memory");
             return n;
         }
@@ -144,13 +145,17 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
         return;
     }
     if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, a, alen, b, blen)) {
-        if (TB_EREC_RECV == type && 0 != rxq_push(r, link, (uint32_t) (alen + blen))) {
+        /* Credit goes back to peer links; a rank of this host holds back
+         * instead (tb_eng_send_local). */
+        if (TB_EREC_RECV == type && link < TB_ELINK_LOCAL
+            && 0 != rxq_push(r, link, (uint32_t) (alen + blen))) {
             tb_eng_rank_fail(r, "out of memory");
         }
         return;
     }
     /* The ring is full: hold it in order.  Data is bounded by the credit
-     * window per peer; notices by the number of peers and ranks. */
+     * window per peer, and by held_max from this host's ranks; notices by
+     * the number of peers and ranks. */
     m = tb_eng_msg_new(type, tag, link, vpid, a, alen, b, blen);
     if (NULL == m) {
         tb_eng_rank_fail(r, "out of memory holding a message for it");
@@ -223,8 +228,15 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         return -1;
     }
     memcpy(&rt, p, sizeof(rt));
-    if (rt.dev >= e->ndev || 0 == rt.ipv4 || 0 == rt.cm_port
-        || 0 == memcmp(rt.engine_id, e->id, sizeof(e->id))) {
+    if (rt.dev >= e->ndev) {
+        return -1;
+    }
+    if (0 == memcmp(rt.engine_id, e->id, sizeof(e->id))) {
+        /* A rank of this host: its messages go from ring to ring. */
+        r->routes[h->link] = ENG_ROUTE_LOCAL(rt.dev);
+        return 0;
+    }
+    if (0 == rt.ipv4 || 0 == rt.cm_port) {
         return -1;
     }
     peer = tb_eng_peer_for(e, rt.dev, rt.engine_id);
@@ -418,6 +430,24 @@ static void rank_free(eng_rank_t *r)
     e->last_detach_ns = tb_now_ns();
 }
 
+/* The host's other ranks may hold routes to r on any device: each hears it
+ * on every device's local link. */
+static void local_rank_gone(eng_rank_t *r, const char *why)
+{
+    tb_engine_t *e = r->e;
+
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
+        eng_rank_t *o = &e->ranks[i];
+        if (o == r || ENG_RANK_ATTACHED != o->state) {
+            continue;
+        }
+        for (unsigned d = 0; d < e->ndev; ++d) {
+            tb_eng_rank_post(o, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), r->vpid, why,
+                             strlen(why), NULL, 0);
+        }
+    }
+}
+
 void tb_eng_rank_fail(eng_rank_t *r, const char *why)
 {
     char text[200];
@@ -441,6 +471,7 @@ void tb_eng_rank_fail(eng_rank_t *r, const char *why)
                  (int) r->pid, why);
         TB_WARN("%s", text);
         tb_eng_peers_rank_gone(r->e, r->vpid, text);
+        local_rank_gone(r, text);
     }
 }
 

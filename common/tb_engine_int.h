@@ -24,6 +24,9 @@
 #define ENG_PENDING_NS 2000000000ull
 #define ENG_MAX_PEERS 256
 #define ENG_MAX_ROUTES 4096
+/* A route to a rank of this host over device dev, and its device back. */
+#define ENG_ROUTE_LOCAL(dev) ((int16_t) (-2 - (int) (dev)))
+#define ENG_ROUTE_LOCAL_DEV(route) ((unsigned) (-2 - (int) (route)))
 #define ENG_TXQ 1024
 /* The largest vpid the engine keeps credit for (a job of 4M processes). */
 #define ENG_MAX_VPID (1u << 22)
@@ -99,7 +102,8 @@ struct eng_rank {
     size_t seg_len;
     tb_shm_ring_t tx; /* rank -> engine */
     tb_shm_ring_t rx; /* engine -> rank */
-    int16_t *routes;  /* the rank's route number -> peer index, -1 */
+    int16_t *routes;  /* the rank's route number -> peer index, -1; ENG_ROUTE_LOCAL(dev): a rank
+                       * of this host, over device dev */
     eng_txrec_t txq[ENG_TXQ];
     unsigned txq_first, txq_len;
     eng_rxrec_t *rxq;
@@ -240,6 +244,8 @@ void tb_eng_peers_dial_waiting(tb_engine_t *e);
 /* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
                 uint64_t end);
+int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t end,
+                      unsigned dev);
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why);

@@ -563,6 +563,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     int rc;
 
     (void) start;
+    if (pi <= ENG_ROUTE_LOCAL(0)) {
+        return tb_eng_send_local(r, h, payload, end, ENG_ROUTE_LOCAL_DEV(pi));
+    }
     if (pi < 0) {
         return -1;
     }
@@ -616,6 +619,29 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         return 1;
     }
     p->used[h->vpid] += h->len;
+    return 1;
+}
+
+/* To a rank of this host: straight into its ring (or held in order behind
+ * what it has not read).  A destination that holds held_max bytes already
+ * holds back the sender (0: retry later), as credit does between engines. */
+int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t end,
+                      unsigned dev)
+{
+    eng_rank_t *dst = tb_eng_find_rank(r->e, h->vpid);
+
+    if (NULL == dst || dst == r) {
+        /* Finalized or dead (the sender heard it), or a rank routing to
+         * itself, which its own loopback serves: dropped. */
+        tb_eng_tx_consumed(r, end);
+        return 1;
+    }
+    if (dst->ovf_bytes > r->e->p.held_max) {
+        return 0;
+    }
+    tb_eng_rank_post(dst, TB_EREC_RECV, h->tag, (uint16_t) (TB_ELINK_LOCAL + dev), r->vpid,
+                     payload, h->len, NULL, 0);
+    tb_eng_tx_consumed(r, end);
     return 1;
 }
 

@@ -39,6 +39,16 @@ int tb_modex_check(const void *buf, size_t len, const char **why)
     return fault ? -1 : 0;
 }
 
+int tb_modex_find_device(const tb_wire_modex_t *mx, uint32_t ipv4)
+{
+    for (unsigned i = 0; i < mx->ndevices; i++) {
+        if (mx->devices[i].ipv4 == ipv4) {
+            return (int) i;
+        }
+    }
+    return -1;
+}
+
 int tb_modex_find_cable(const tb_wire_modex_t *mx, uint32_t ipv4, uint32_t netmask)
 {
     if (0 == netmask) {

@@ -23,4 +23,8 @@ int tb_modex_check(const void *buf, size_t len, const char **why);
  * entry must have passed tb_modex_check. */
 int tb_modex_find_cable(const tb_wire_modex_t *mx, uint32_t ipv4, uint32_t netmask);
 
+/* The entry's device at ipv4 itself: a process of this host through the
+ * same engine has this host's devices.  Its index, or -1. */
+int tb_modex_find_device(const tb_wire_modex_t *mx, uint32_t ipv4);
+
 #endif /* TB_MODEX_H */

@@ -136,6 +136,9 @@ START_TEST(modex_entry_checks)
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640101u), htonl(0xfffffffcu)), 1);
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640901u), htonl(0xfffffffcu)), -1);
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640102u), htonl(0xfffffffcu)), -1);
+    /* the same device, for a process of the same host */
+    ck_assert_int_eq(tb_modex_find_device(mx, htonl(0x0a640102u)), 1);
+    ck_assert_int_eq(tb_modex_find_device(mx, htonl(0x0a640101u)), -1);
     ck_assert_int_eq(tb_modex_check(buf, len - 1, &why), -1);
     ck_assert_int_eq(tb_modex_check(buf, len + 1, &why), -1);
     ck_assert_int_eq(tb_modex_check(buf, 7, &why), -1);
