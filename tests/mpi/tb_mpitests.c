@@ -2,8 +2,8 @@
  * tb_mpitests: MPI correctness tests for a transport, every byte verified.
  *
  * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [-c SECONDS] [TEST...]
- * TESTs: pingpong storm manytoone anysource noncontig coll osc hold compute
- * stalled (default: all but osc, hold, compute and stalled).  compute: rank 1
+ * TESTs: pingpong storm manytoone anysource noncontig coll osc atomics hold
+ * compute stalled (default: all but osc, atomics, hold, compute and stalled).  compute: rank 1
  * computes for -c SECONDS (default 75) between two verified ring exchanges.
  * stalled (4 ranks or more, placed round-robin on 2 hosts): rank 1 stops
  * reading for 20 s while rank 0 floods it; ranks 2 and 3 must finish their
@@ -332,6 +332,88 @@ static int test_osc(void)
     return bad;
 }
 
+/* Passive target: atomics (64- and 32-bit fetch-and-op, compare-and-swap),
+ * a lock-protected read-modify-write, and every operation on this rank's
+ * own memory too; osc/rdma runs these on its BTL's atomics, locks included. */
+static int test_atomics(void)
+{
+    enum { K = 50, SLOTS = 8 };
+    /* [0] fetch-and-op counter, [1] CAS slot, [2] lock-protected count,
+     * [3] MPI_MAX, [4..] this rank's own (self) area; then 32-bit counter. */
+    long *win_buf;
+    long fetched, prev = -1, one = 1, minus = -1, me = rank, old, v, got;
+    int *ctr32, one32 = 1, old32, bad = 0, i, won;
+    MPI_Win win;
+
+    MPI_Alloc_mem((MPI_Aint) (SLOTS * sizeof(long) + sizeof(int)), MPI_INFO_NULL, &win_buf);
+    memset(win_buf, 0, SLOTS * sizeof(long) + sizeof(int));
+    win_buf[1] = -1;
+    ctr32 = (int *) (win_buf + SLOTS);
+    MPI_Win_create(win_buf, (MPI_Aint) (SLOTS * sizeof(long) + sizeof(int)), 1, MPI_INFO_NULL,
+                   MPI_COMM_WORLD, &win);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    MPI_Win_lock_all(0, win);
+    for (i = 0; i < K && !bad; ++i) {
+        MPI_Fetch_and_op(&one, &fetched, MPI_LONG, 0, 0, MPI_SUM, win);
+        MPI_Win_flush(0, win);
+        if (fetched <= prev || fetched >= (long) nranks * K) {
+            snprintf(why, sizeof(why), "fetch-and-op %d fetched %ld after %ld", i, fetched, prev);
+            bad = 1;
+        }
+        prev = fetched;
+        MPI_Fetch_and_op(&one32, &old32, MPI_INT, nranks - 1, SLOTS * sizeof(long), MPI_SUM,
+                         win);
+    }
+    MPI_Compare_and_swap(&me, &minus, &old, MPI_LONG, 0, sizeof(long), win);
+    MPI_Win_flush(0, win);
+    won = -1 == old;
+    v = (long) rank * 7 - 3;
+    MPI_Accumulate(&v, 1, MPI_LONG, 0, 3 * sizeof(long), 1, MPI_LONG, MPI_MAX, win);
+    /* This rank's own memory, through the same window. */
+    v = 1000L + rank;
+    MPI_Put(&v, 1, MPI_LONG, rank, 4 * sizeof(long), 1, MPI_LONG, win);
+    MPI_Win_flush(rank, win);
+    MPI_Fetch_and_op(&one, &fetched, MPI_LONG, rank, 4 * sizeof(long), MPI_SUM, win);
+    MPI_Get(&got, 1, MPI_LONG, rank, 4 * sizeof(long), 1, MPI_LONG, win);
+    MPI_Win_flush(rank, win);
+    if (!bad && (fetched != 1000L + rank || got != 1001L + rank)) {
+        snprintf(why, sizeof(why), "on itself: fetched %ld, got %ld", fetched, got);
+        bad = 1;
+    }
+    MPI_Win_unlock_all(win);
+
+    /* A read-modify-write that only an exclusive lock keeps whole. */
+    for (i = 0; i < K; ++i) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+        MPI_Get(&got, 1, MPI_LONG, 0, 2 * sizeof(long), 1, MPI_LONG, win);
+        MPI_Win_flush(0, win);
+        got += 1;
+        MPI_Put(&got, 1, MPI_LONG, 0, 2 * sizeof(long), 1, MPI_LONG, win);
+        MPI_Win_unlock(0, win);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &won, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Win_lock(MPI_LOCK_SHARED, rank, 0, win);
+    if (!bad && 0 == rank
+        && (win_buf[0] != (long) nranks * K || win_buf[2] != (long) nranks * K
+            || win_buf[3] != (long) (nranks - 1) * 7 - 3 || won != 1 || win_buf[1] < 0
+            || win_buf[1] >= nranks)) {
+        snprintf(why, sizeof(why),
+                 "counter %ld, locked count %ld (want %ld), max %ld, CAS winners %d (slot %ld)",
+                 win_buf[0], win_buf[2], (long) nranks * K, win_buf[3], won, win_buf[1]);
+        bad = 1;
+    }
+    if (!bad && nranks - 1 == rank && *ctr32 != nranks * K) {
+        snprintf(why, sizeof(why), "32-bit counter %d, want %d", *ctr32, nranks * K);
+        bad = 1;
+    }
+    MPI_Win_unlock(rank, win);
+    MPI_Win_free(&win);
+    MPI_Free_mem(win_buf);
+    return bad;
+}
+
 static int test_hold(void)
 {
     enum { LEN = 64 * 1024 };
@@ -482,7 +564,7 @@ static const struct {
     {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
     {"osc", test_osc, 0},           {"hold", test_hold, 0},       {"compute", test_compute, 0},
-    {"stalled", test_stalled, 0},
+    {"stalled", test_stalled, 0},   {"atomics", test_atomics, 0},
 };
 
 static void run(int t, int *passed, int *failed)

@@ -2,9 +2,13 @@
  * A stand-in verbs library for unit tests: devices described by the
  * TB_FAKE_VERBS environment variable, so discovery can be tested on machines
  * without RDMA.  Format: entries separated by ';', each NAME:STATE:GIDIPV4
- * where STATE is "active" or "down" and GIDIPV4 an IPv4 address for the
- * IPv4-mapped GID at index 1, or "none" for a device with only a link-local
- * GID.  Control-path calls beyond discovery fail with ENOSYS.
+ * where STATE is "active", "down" or "open" and GIDIPV4 an IPv4 address for
+ * the IPv4-mapped GID at index 1, or "none" for a device with only a
+ * link-local GID.  Control-path calls beyond discovery fail with ENOSYS,
+ * except on an "open" device: it is active and gives protection domains,
+ * completion queues (on which nothing completes) and registrations, so a
+ * host engine can run on it and hand its own host's ranks their messages;
+ * queue pairs still fail.
  */
 #include <infiniband/verbs.h>
 
@@ -22,6 +26,7 @@
 struct fake_dev {
     char name[64];
     int active;
+    int open; /* "open": protection domains, CQs and registrations work; queue pairs do not */
     int has_ipv4;
     struct in_addr ipv4;
 };
@@ -54,7 +59,8 @@ static void parse_env(void)
         }
         *ip++ = '\0';
         snprintf(f->name, sizeof(f->name), "%s", entry);
-        f->active = 0 == strcmp(state, "active");
+        f->open = 0 == strcmp(state, "open");
+        f->active = f->open || 0 == strcmp(state, "active");
         f->has_ipv4 = 1 == inet_pton(AF_INET, ip, &f->ipv4);
         memset(&devices[nfakes], 0, sizeof(devices[nfakes]));
         snprintf(devices[nfakes].name, sizeof(devices[nfakes].name), "%s", f->name);
@@ -96,11 +102,25 @@ const char *ibv_get_device_name(struct ibv_device *device)
     return device->name;
 }
 
+/* An open device's completion queue: nothing ever completes (no queue
+ * pair can be made), and asking for an event always works. */
+static int fake_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+    return 0;
+}
+
+static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    return 0;
+}
+
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
     struct ibv_context *ctx = calloc(1, sizeof(*ctx));
     if (ctx) {
         ctx->device = device;
+        ctx->ops.poll_cq = fake_poll_cq;
+        ctx->ops.req_notify_cq = fake_req_notify_cq;
     }
     return ctx;
 }
@@ -158,36 +178,68 @@ int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gi
 
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
 {
-    errno = ENOSYS;
-    return NULL;
+    struct ibv_pd *pd;
+
+    if (!fake_of(ctx)->open) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    pd = calloc(1, sizeof(*pd));
+    if (pd) {
+        pd->context = ctx;
+    }
+    return pd;
 }
 
 int ibv_dealloc_pd(struct ibv_pd *pd)
 {
-    return ENOSYS;
+    free(pd);
+    return 0;
 }
 
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
-    errno = ENOSYS;
-    return NULL;
+    static uint32_t next_key = 1;
+    struct ibv_mr *mr = calloc(1, sizeof(*mr));
+
+    if (mr) {
+        mr->context = pd->context;
+        mr->pd = pd;
+        mr->addr = addr;
+        mr->length = length;
+        mr->lkey = mr->rkey = next_key++;
+    }
+    return mr;
 }
 
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
-    return ENOSYS;
+    free(mr);
+    return 0;
 }
 
 struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
                              struct ibv_comp_channel *channel, int comp_vector)
 {
-    errno = ENOSYS;
-    return NULL;
+    struct ibv_cq *cq;
+
+    if (!fake_of(ctx)->open) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    cq = calloc(1, sizeof(*cq));
+    if (cq) {
+        cq->context = ctx;
+        cq->cq_context = cq_context;
+        cq->cqe = cqe;
+    }
+    return cq;
 }
 
 int ibv_destroy_cq(struct ibv_cq *cq)
 {
-    return ENOSYS;
+    free(cq);
+    return 0;
 }
 
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)

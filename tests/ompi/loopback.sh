@@ -1,0 +1,50 @@
+#!/bin/sh
+# One host, no RDMA: the host engine runs on a stand-in device that opens
+# but makes no queue pair, so every message between this host's ranks goes
+# from ring to ring inside the engine, and a rank's messages to itself
+# through tbrdma's loopback.  With tbrdma and self alone, ob1 carries
+# everything over them, and osc/rdma runs one-sided MPI straight on
+# tbrdma's put, get and atomics, which reach every rank here (Open MPI 4.1
+# has no other way; 5.0 says which BTL it chose).  Every byte and every
+# atomic result is checked by tb_mpitests.
+. "$(dirname "$0")/common.sh"
+
+[ -n "${TB_MPICC:-}" ] && [ -x "$TB_MPICC" ] || { echo "mpicc not found: skipped"; exit 77; }
+"$TB_MPICC" -O2 -o "$scratch/tb_mpitests" "$TB_SRCDIR/tests/mpi/tb_mpitests.c" ||
+    { echo "mpicc failed"; exit 99; }
+fake="$TB_BUILDDIR/tests/unit/.libs/libfakeverbs.so"
+engine="$TB_BUILDDIR/engine/tbrdma-engine"
+[ -x "$engine" ] || { echo "engine not built"; exit 99; }
+
+# loopback NP TESTS...: output in $scratch/np$NP.out
+loopback() {
+    np=$1
+    shift
+    timeout 300 "$ompi_bindir/mpirun" --oversubscribe --bind-to none -np "$np" \
+        --mca pml ob1 --mca btl tbrdma,self --mca btl_tbrdma_path engine \
+        --mca btl_tbrdma_verbs_library "$fake" --mca btl_tbrdma_engine_path "$engine" \
+        --mca osc rdma --mca osc_base_verbose 40 -x TB_FAKE_VERBS="rdma_en0:open:127.0.0.1" \
+        "$scratch/tb_mpitests" -m 1048576 "$@" > "$scratch/np$np.out" 2>&1
+}
+
+for np in 2 3; do
+    if loopback "$np" pingpong storm anysource coll osc atomics &&
+        grep -q "0 failed" "$scratch/np$np.out"; then
+        ok "$np ranks of one host over the engine's ring-to-ring path: point-to-point," \
+            "collectives, one-sided, atomics"
+    else
+        not_ok "$np ranks of one host over the engine's loopback (status $?)"
+        cat "$scratch/np$np.out"
+        continue
+    fi
+    if [ "$TB_OMPI_BTL_VERSION" = 330 ]; then
+        if grep -q "accelerated_query: selected btl: tbrdma" "$scratch/np$np.out" &&
+            ! grep -q "falling back on active-message" "$scratch/np$np.out"; then
+            ok "$np ranks: osc/rdma chose tbrdma itself"
+        else
+            not_ok "$np ranks: osc/rdma did not choose tbrdma"
+            grep "accelerated\|active-message" "$scratch/np$np.out"
+        fi
+    fi
+done
+finish
