@@ -15,6 +15,13 @@
 fake="$TB_BUILDDIR/tests/unit/.libs/libfakeverbs.so"
 engine="$TB_BUILDDIR/engine/tbrdma-engine"
 [ -x "$engine" ] || { echo "engine not built"; exit 99; }
+if [ -n "${tb_asan_rt:-}" ]; then
+    # A sanitized engine carries its own ASan runtime: the preloaded one the
+    # ranks need would clash with it.
+    printf '#!/bin/sh\nunset LD_PRELOAD\nexec "%s" "$@"\n' "$engine" > "$scratch/engine"
+    chmod +x "$scratch/engine"
+    engine=$scratch/engine
+fi
 
 # loopback NP TESTS...: output in $scratch/np$NP.out
 loopback() {
