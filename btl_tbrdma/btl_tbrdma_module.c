@@ -71,7 +71,7 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
             return NULL;
         }
         /* A rank of this host (through the engine) has this device itself. */
-        dev = OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)
+        dev = c->use_engine && OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)
                   ? tb_modex_find_device(mx, module->device->ipv4.s_addr)
                   : tb_modex_find_cable(mx, module->device->ipv4.s_addr,
                                         module->device->netmask.s_addr);

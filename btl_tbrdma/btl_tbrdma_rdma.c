@@ -162,15 +162,20 @@ static void post_unsent(mca_btl_base_endpoint_t *endpoint)
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
 
     while (!opal_list_is_empty(&endpoint->rma_unsent)) {
-        tbrdma_rma_req_t *req = REQ_OF_UNSENT(opal_list_get_first(&endpoint->rma_unsent));
-        int rc = request_post(endpoint, req);
+        tbrdma_rma_req_t *req = REQ_OF_UNSENT(opal_list_remove_first(&endpoint->rma_unsent));
+        int rc;
 
-        if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
-            return;
-        }
-        opal_list_remove_item(&endpoint->rma_unsent, &req->unsent);
+        /* Off the queue before the path sees it: a path that fails the
+         * endpoint meanwhile ends it as a sent request, once. */
         req->queued = 0;
         c->rma_unsent--;
+        rc = request_post(endpoint, req);
+        if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
+            opal_list_prepend(&endpoint->rma_unsent, &req->unsent);
+            req->queued = 1;
+            c->rma_unsent++;
+            return;
+        }
         if (OPAL_SUCCESS != rc) {
             /* The endpoint failed meanwhile: no answer will come. */
             opal_list_remove_item(&endpoint->rma_pending, &req->super);
@@ -599,8 +604,9 @@ static void serve(mca_btl_base_endpoint_t *endpoint, const tb_rma_msg_t *m, int 
                     (unsigned long long) m->addr, (unsigned long long) m->key,
                     opal_get_proc_hostname(endpoint->proc), tb_rma_status_string(status),
                     TB_TAG_RMA_GET_REQ == m->tag ? "read" : "written");
+        /* A refused atomic still names a width the requester can parse. */
         send_reply(endpoint, answer_tag(m->tag), m->req_id, status, 0,
-                   TB_TAG_RMA_ATOMIC == m->tag ? m->len : 0, NULL, 0);
+                   TB_TAG_RMA_ATOMIC != m->tag ? 0 : 4 == m->len ? 4 : 8, NULL, 0);
         return;
     }
     switch (m->tag) {
@@ -704,7 +710,8 @@ void *mca_btl_tbrdma_rma_place(mca_btl_base_endpoint_t *endpoint, uint8_t tag, s
     }
     OPAL_LIST_FOREACH (req, &endpoint->rma_pending, tbrdma_rma_req_t) {
         if (tb_wire_le64(req->hdr.req_id) == m.req_id) {
-            if (TB_TAG_RMA_GET_REQ != req->tag || req->size != m.len || req->placed) {
+            if (TB_TAG_RMA_GET_REQ != req->tag || req->size != m.len || req->placed
+                || req->queued) {
                 return NULL; /* complete() will find out */
             }
             req->placed = 1;
@@ -806,12 +813,13 @@ void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int stat
         req->queued = 0;
         req->sent = 1;
     }
+    /* No answer comes now.  A request whose send is not reported yet (in
+     * the loopback's queue, a completion batch or a channel) completes when
+     * it is; the rest complete here. */
     OPAL_LIST_FOREACH_SAFE (req, next, &endpoint->rma_pending, tbrdma_rma_req_t) {
-        if (req->sent) {
-            opal_list_remove_item(&endpoint->rma_pending, &req->super);
-            req->replied = 1;
-            req->reply_status = status;
-            maybe_complete(endpoint, req);
-        }
+        opal_list_remove_item(&endpoint->rma_pending, &req->super);
+        req->replied = 1;
+        req->reply_status = status;
+        maybe_complete(endpoint, req);
     }
 }

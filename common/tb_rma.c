@@ -319,6 +319,9 @@ tb_rma_status_t tb_rma_atomic(void *local, unsigned width, unsigned op, uint64_t
         *old = cur;
     } else {
         uint32_t *p = local, cur = __atomic_load_n(p, __ATOMIC_RELAXED), next;
+
+        /* A 4-byte atomic's operands are the low halves (tb_wire.h). */
+        operand = (uint32_t) operand;
         do {
             if (TB_RMA_AOP_CSWAP == op) {
                 if (cur != (uint32_t) compare) {

@@ -375,6 +375,7 @@ static int test_atomics(void)
     MPI_Put(&v, 1, MPI_LONG, rank, 4 * sizeof(long), 1, MPI_LONG, win);
     MPI_Win_flush(rank, win);
     MPI_Fetch_and_op(&one, &fetched, MPI_LONG, rank, 4 * sizeof(long), MPI_SUM, win);
+    MPI_Win_flush(rank, win);
     MPI_Get(&got, 1, MPI_LONG, rank, 4 * sizeof(long), 1, MPI_LONG, win);
     MPI_Win_flush(rank, win);
     if (!bad && (fetched != 1000L + rank || got != 1001L + rank)) {

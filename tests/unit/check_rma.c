@@ -368,6 +368,13 @@ START_TEST(atomics_compute)
         /* the neighbouring word is untouched */
         ck_assert_int_eq(w[1], 0x55555555);
     }
+    /* a 4-byte atomic reads only the low half of its operand */
+    {
+        uint32_t w32 = 7;
+        ck_assert_int_eq(tb_rma_atomic(&w32, 4, TB_RMA_AOP_LAND, 1ull << 32, 0, &old), TB_RMA_OK);
+        ck_assert_uint_eq(w32, 0);
+        ck_assert_uint_eq(old, 7);
+    }
     /* misaligned: refused, nothing written */
     buf[0] = 1;
     ck_assert_int_eq(tb_rma_atomic((char *) buf + 4, 8, TB_RMA_AOP_ADD, 1, 0, &old),
