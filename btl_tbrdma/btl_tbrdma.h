@@ -268,7 +268,8 @@ int mca_btl_tbrdma_atomic_cswap(mca_btl_base_module_t *btl, mca_btl_base_endpoin
                                 uint64_t compare, uint64_t value, int flags, int order,
                                 mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                                 void *cbdata);
-/* Send the requests that waited for room, in order, as far as the path takes them. */
+/* Send the requests that waited for room, in order, as far as the path takes
+ * them (from progress, while any waits: mca_btl_tbrdma_component.rma_unsent). */
 void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint);
 /* A peer's RMA message (tags below TB_TAG_FIRST_USER). */
 void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,

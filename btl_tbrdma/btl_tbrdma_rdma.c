@@ -135,6 +135,16 @@ static void maybe_complete(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *
     OBJ_RELEASE(req);
 }
 
+/* No answer will come: the request ends with status, once its send is
+ * reported too. */
+static void end_unanswered(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *req, int status)
+{
+    opal_list_remove_item(&endpoint->rma_pending, &req->super);
+    req->replied = 1;
+    req->reply_status = status;
+    maybe_complete(endpoint, req);
+}
+
 /* Hand the request to the path: OPAL_SUCCESS, OPAL_ERR_OUT_OF_RESOURCE
  * when it has no room yet, or the endpoint's failure. */
 static int request_post(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *req)
@@ -157,7 +167,7 @@ static int request_post(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *req
 }
 
 /* Requests go out in order: once one waits for room, the rest wait behind it. */
-static void post_unsent(mca_btl_base_endpoint_t *endpoint)
+void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
 
@@ -177,19 +187,11 @@ static void post_unsent(mca_btl_base_endpoint_t *endpoint)
             return;
         }
         if (OPAL_SUCCESS != rc) {
-            /* The endpoint failed meanwhile: no answer will come. */
-            opal_list_remove_item(&endpoint->rma_pending, &req->super);
+            /* The endpoint failed meanwhile: it was never sent. */
             req->sent = 1;
-            req->replied = 1;
-            req->reply_status = rc;
-            maybe_complete(endpoint, req);
+            end_unanswered(endpoint, req, rc);
         }
     }
-}
-
-void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint)
-{
-    post_unsent(endpoint);
 }
 
 static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
@@ -763,7 +765,6 @@ static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 
 const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
-    post_unsent(endpoint);
     post_deferred(endpoint);
     /* Through the engine, liveness is the engines' business: a target that
      * computes for long answers late, and is not dead for it. */
@@ -795,9 +796,8 @@ void mca_btl_tbrdma_rma_send_done(mca_btl_base_endpoint_t *endpoint, void *cooki
     req->sent = 1;
     if (OPAL_SUCCESS != status && !req->replied) {
         /* The channel failed: no reply will come. */
-        opal_list_remove_item(&endpoint->rma_pending, &req->super);
-        req->replied = 1;
-        req->reply_status = status;
+        end_unanswered(endpoint, req, status);
+        return;
     }
     maybe_complete(endpoint, req);
 }
@@ -817,9 +817,6 @@ void mca_btl_tbrdma_rma_fail_pending(mca_btl_base_endpoint_t *endpoint, int stat
      * the loopback's queue, a completion batch or a channel) completes when
      * it is; the rest complete here. */
     OPAL_LIST_FOREACH_SAFE (req, next, &endpoint->rma_pending, tbrdma_rma_req_t) {
-        opal_list_remove_item(&endpoint->rma_pending, &req->super);
-        req->replied = 1;
-        req->reply_status = status;
-        maybe_complete(endpoint, req);
+        end_unanswered(endpoint, req, status);
     }
 }
