@@ -62,9 +62,13 @@ static bool rx_write(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, ui
 }
 
 /* Keep the rank's credit accounting: a RECV of bytes from peer ends at the
- * ring's head. */
-static int rxq_push(eng_rank_t *r, uint16_t peer, uint32_t bytes)
+ * ring's head.  Credit goes back to peer links only; a rank of this host
+ * holds back instead (tb_eng_send_local), and other records carry none. */
+static int rxq_push(eng_rank_t *r, uint8_t type, uint16_t peer, uint32_t bytes)
 {
+    if (TB_EREC_RECV != type || peer >= TB_ELINK_LOCAL) {
+        return 0;
+    }
     if (r->rxq_len == r->rxq_cap) {
         unsigned cap = r->rxq_cap ? 2 * r->rxq_cap : 256;
         eng_rxrec_t *q = malloc((size_t) cap * sizeof(*q));
@@ -120,8 +124,7 @@ static int rank_flush_overflow(eng_rank_t *r)
         if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->data, m->len, NULL, 0)) {
             break;
         }
-        if (TB_EREC_RECV == m->type && m->link < TB_ELINK_LOCAL
-            && 0 != rxq_push(r, m->link, (uint32_t) m->len)) {
+        if (0 != rxq_push(r, m->type, m->link, (uint32_t) m->len)) {
             tb_eng_rank_fail(r, "out of memory");
             return n;
         }
@@ -145,10 +148,7 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
         return;
     }
     if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, a, alen, b, blen)) {
-        /* Credit goes back to peer links; a rank of this host holds back
-         * instead (tb_eng_send_local). */
-        if (TB_EREC_RECV == type && link < TB_ELINK_LOCAL
-            && 0 != rxq_push(r, link, (uint32_t) (alen + blen))) {
+        if (0 != rxq_push(r, type, link, (uint32_t) (alen + blen))) {
             tb_eng_rank_fail(r, "out of memory");
         }
         return;
