@@ -66,7 +66,8 @@ void tb_eclient_send_cancel(tb_eclient_t *c);
 
 typedef struct tb_eclient_handlers {
     /* A message from rank src through the engine's link peer (announced
-     * before by peer). */
+     * before by peer, or TB_ELINK_LOCAL + device), with TB_ELINK_HOST when
+     * it was sent over a host-wide route (tb_wire.h). */
     void (*recv)(void *ctx, uint16_t peer, uint32_t src, uint8_t tag, const void *data,
                  size_t len);
     void (*peer)(void *ctx, uint16_t peer, const tb_wire_epeer_t *info);

@@ -69,6 +69,7 @@ static int rxq_push(eng_rank_t *r, uint8_t type, uint16_t peer, uint32_t bytes)
     if (TB_EREC_RECV != type || peer >= TB_ELINK_LOCAL) {
         return 0;
     }
+    peer &= (uint16_t) ~TB_ELINK_HOST;
     if (r->rxq_len == r->rxq_cap) {
         unsigned cap = r->rxq_cap ? 2 * r->rxq_cap : 256;
         eng_rxrec_t *q = malloc((size_t) cap * sizeof(*q));
@@ -228,8 +229,14 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         return -1;
     }
     memcpy(&rt, p, sizeof(rt));
-    if (rt.dev >= e->ndev) {
+    if (rt.dev >= e->ndev || 0 != (rt.flags & ~TB_EROUTE_F_HOST) || rt.reserved[0]
+        || rt.reserved[1]) {
         return -1;
+    }
+    if (rt.flags & TB_EROUTE_F_HOST) {
+        r->route_host[h->link / 8] |= (uint8_t) (1u << (h->link % 8));
+    } else {
+        r->route_host[h->link / 8] &= (uint8_t) ~(1u << (h->link % 8));
     }
     if (0 == memcmp(rt.engine_id, e->id, sizeof(e->id))) {
         /* A rank of this host: its messages go from ring to ring. */
@@ -652,6 +659,7 @@ static void attach_rank(tb_engine_t *e, int fd)
     for (i = 0; i < ENG_MAX_ROUTES; ++i) {
         r->routes[i] = -1;
     }
+    memset(r->route_host, 0, sizeof(r->route_host));
     r->seg = seg;
     r->seg_len = seg_len;
     /* The rank reset both rings before sharing them. */

@@ -104,6 +104,7 @@ struct eng_rank {
     tb_shm_ring_t rx; /* engine -> rank */
     int16_t *routes;  /* the rank's route number -> peer index, -1; ENG_ROUTE_LOCAL(dev): a rank
                        * of this host, over device dev */
+    uint8_t route_host[ENG_MAX_ROUTES / 8]; /* routes flagged TB_EROUTE_F_HOST */
     eng_txrec_t txq[ENG_TXQ];
     unsigned txq_first, txq_len;
     eng_rxrec_t *rxq;
@@ -244,8 +245,10 @@ void tb_eng_peers_dial_waiting(tb_engine_t *e);
 /* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
                 uint64_t end);
+/* To a rank of this host, arriving on link (TB_ELINK_LOCAL + dev, and
+ * TB_ELINK_HOST for a host-wide route). */
 int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t end,
-                      unsigned dev);
+                      uint16_t link);
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why);

@@ -554,6 +554,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
 {
     tb_engine_t *e = r->e;
     int16_t pi = r->routes[h->link];
+    bool host = 0 != (r->route_host[h->link / 8] & (1u << (h->link % 8)));
     eng_txrec_t *t;
     eng_peer_t *p;
     tb_channel_t *ch;
@@ -564,7 +565,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
 
     (void) start;
     if (pi <= ENG_ROUTE_LOCAL(0)) {
-        return tb_eng_send_local(r, h, payload, end, ENG_ROUTE_LOCAL_DEV(pi));
+        return tb_eng_send_local(r, h, payload, end,
+                                 (uint16_t) (TB_ELINK_LOCAL + ENG_ROUTE_LOCAL_DEV(pi)
+                                             + (host ? TB_ELINK_HOST : 0)));
     }
     if (pi < 0) {
         return -1;
@@ -583,6 +586,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     em.src = tb_wire_le32(r->vpid);
     em.dst = tb_wire_le32(h->vpid);
     em.tag = h->tag;
+    em.flags = host ? TB_EMSG_F_HOST : 0;
     /* Nothing goes into a channel before it is set up: a setup that is
      * tried again starts with a new channel, and the old one's sends would
      * be lost. */
@@ -626,7 +630,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
  * what it has not read).  A destination that holds held_max bytes already
  * holds back the sender (0: retry later), as credit does between engines. */
 int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t end,
-                      unsigned dev)
+                      uint16_t link)
 {
     eng_rank_t *dst = tb_eng_find_rank(r->e, h->vpid);
 
@@ -639,8 +643,7 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
     if (dst->ovf_bytes > r->e->p.held_max) {
         return 0;
     }
-    tb_eng_rank_post(dst, TB_EREC_RECV, h->tag, (uint16_t) (TB_ELINK_LOCAL + dev), r->vpid,
-                     payload, h->len, NULL, 0);
+    tb_eng_rank_post(dst, TB_EREC_RECV, h->tag, link, r->vpid, payload, h->len, NULL, 0);
     tb_eng_tx_consumed(r, end);
     return 1;
 }
@@ -819,6 +822,12 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
     memcpy(&h, data, sizeof(h));
     src = tb_wire_le32(h.src);
     dst = tb_wire_le32(h.dst);
+    if (0 != (h.flags & ~(TB_ETAG_DATA == tag ? TB_EMSG_F_HOST : 0)) || h.reserved[0]
+        || h.reserved[1]) {
+        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "engine message flags");
+        peer_fail(p, TB_CHAN_EPROTO, "it sent a message with unknown flags");
+        return;
+    }
     switch (tag) {
     case TB_ETAG_DATA:
         r = tb_eng_find_rank(e, dst);
@@ -841,7 +850,9 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
         }
         p->delivered[r->slot] += plen;
         tb_eng_rank_announce(r, p);
-        tb_eng_rank_post(r, TB_EREC_RECV, h.tag, (uint16_t) p->idx, src, payload, plen, NULL, 0);
+        tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
+                         (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
+                         src, payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
         if (dst < p->nvpid) {

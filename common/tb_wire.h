@@ -261,7 +261,7 @@ _Static_assert(sizeof(tb_wire_modex_t) == 56, "modex header layout");
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 1
+#define TB_WIRE_ENGINE_VERSION 2
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -330,8 +330,14 @@ typedef enum {
 /* RECV and GONE records whose link is TB_ELINK_LOCAL + dev come from a
  * rank of this engine's own host, sent over the rank's route on device dev:
  * the engine hands them from ring to ring (a route naming the engine itself
- * says so).  Peer links are below it. */
+ * says so).  Peer links are below it.
+ *
+ * A RECV record's link also carries TB_ELINK_HOST when the message was sent
+ * over a route flagged TB_EROUTE_F_HOST: from the sender's host-wide module
+ * (one that reaches every peer, whichever cable leads there), for the
+ * receiver's own, so that answers come back to the module that asked. */
 #define TB_ELINK_LOCAL 0x8000u
+#define TB_ELINK_HOST 0x4000u
 
 typedef struct __attribute__((packed)) tb_wire_erec {
     uint32_t len;  /* payload bytes after this header */
@@ -342,9 +348,14 @@ typedef struct __attribute__((packed)) tb_wire_erec {
     uint32_t reserved;
 } tb_wire_erec_t;
 
+enum {
+    TB_EROUTE_F_HOST = 0x01, /* the rank's host-wide module (see TB_ELINK_HOST) */
+};
+
 typedef struct __attribute__((packed)) tb_wire_eroute {
-    uint8_t dev; /* the engine's device (index in the attach reply) */
-    uint8_t reserved[3];
+    uint8_t dev;   /* the engine's device (index in the attach reply) */
+    uint8_t flags; /* TB_EROUTE_F_* */
+    uint8_t reserved[2];
     uint32_t ipv4;    /* the far engine's address on that cable */
     uint16_t cm_port; /* and its connection manager's port */
     uint16_t reserved2;
@@ -371,11 +382,16 @@ enum {
     TB_ETAG_GONE = 3,   /* rank src died; payload: why */
 };
 
+enum {
+    TB_EMSG_F_HOST = 0x01, /* DATA: between the ranks' host-wide modules */
+};
+
 typedef struct __attribute__((packed)) tb_wire_emsg {
     uint32_t src;
     uint32_t dst;
     uint8_t tag;
-    uint8_t reserved[3];
+    uint8_t flags; /* TB_EMSG_F_* */
+    uint8_t reserved[2];
     uint32_t credit; /* CREDIT */
 } tb_wire_emsg_t;
 

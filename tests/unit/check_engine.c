@@ -8,6 +8,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -197,7 +198,7 @@ START_TEST(attach_no_device)
     tb_eclient_t *c = NULL;
     static const char *const killed[] = {TB_ENGINE_KEY, TB_ENGINE_LOCK, TB_ENGINE_SOCKET, NULL};
     static const char *const faulted[] = {TB_ENGINE_LOCK, "engine.log", NULL};
-    char err[512], sock[512], stale[512], kept[512], fresh[512];
+    char err[512], sock[512], stale[512], kept[600], fresh[600];
     struct stat st;
     int rc;
 
@@ -312,6 +313,159 @@ START_TEST(attach_silent_connections)
 }
 END_TEST
 
+/* What one rank's handlers saw. */
+struct seen {
+    int nrecv;
+    uint16_t link[4];
+    uint8_t tag[4];
+    int ngone;
+    uint32_t gone_vpid;
+    bool lost;
+};
+
+static void seen_recv(void *ctx, uint16_t link, uint32_t src, uint8_t tag, const void *data,
+                      size_t len)
+{
+    struct seen *s = ctx;
+
+    (void) src;
+    (void) data;
+    (void) len;
+    if (s->nrecv < 4) {
+        s->link[s->nrecv] = link;
+        s->tag[s->nrecv] = tag;
+    }
+    s->nrecv++;
+}
+
+static void seen_peer(void *ctx, uint16_t link, const tb_wire_epeer_t *info)
+{
+    (void) ctx;
+    (void) link;
+    (void) info;
+}
+
+static void seen_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
+{
+    struct seen *s = ctx;
+
+    (void) link;
+    (void) why;
+    s->ngone++;
+    s->gone_vpid = vpid;
+}
+
+static void seen_down(void *ctx, uint16_t link, bool closed, const char *why)
+{
+    (void) ctx;
+    (void) link;
+    (void) closed;
+    (void) why;
+}
+
+static void seen_lost(void *ctx, const char *why)
+{
+    (void) why;
+    ((struct seen *) ctx)->lost = true;
+}
+
+static const tb_eclient_handlers_t seen_handlers = {
+    .recv = seen_recv, .peer = seen_peer, .gone = seen_gone, .down = seen_down,
+    .engine_lost = seen_lost};
+
+/* Progress c until done(s) or 5 s. */
+static void progress_until(tb_eclient_t *c, struct seen *s, bool (*done)(const struct seen *))
+{
+    for (int i = 0; i < 5000 && !done(s); ++i) {
+        (void) tb_eclient_progress(c, &seen_handlers, s, tb_now_ns(), 64);
+        usleep(1000);
+    }
+}
+
+static bool two_received(const struct seen *s)
+{
+    return s->nrecv >= 2;
+}
+
+static bool heard_gone(const struct seen *s)
+{
+    return s->ngone > 0;
+}
+
+static bool heard_lost(const struct seen *s)
+{
+    return s->lost;
+}
+
+/* Between this host's ranks, on a device that opens but makes no queue
+ * pair: a message sent over a route flagged for the host module arrives on
+ * the local link with TB_ELINK_HOST, one over a cable's route without it
+ * (the receiving rank picks the module by it).  A route with a flag the
+ * engine does not know is a malformed record: the rank is dropped and the
+ * others hear it gone. */
+START_TEST(local_routes_host_flag)
+{
+    tb_engine_params_t ep;
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL, *c1 = NULL;
+    tb_engine_t *e = NULL;
+    tb_wire_eroute_t rt;
+    struct seen s0 = {0}, s1 = {0};
+    struct iovec iov = {.iov_base = "x", .iov_len = 1};
+    pthread_t th;
+    char err[512], dir[400], path[500];
+    uint8_t key[TB_WIRE_SECRET_SIZE] = {9};
+    int fd;
+
+    make_tmpdir();
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    strcat(dir, "/job4@unit");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t) sizeof(key));
+    close(fd);
+    tb_engine_params_default(&ep);
+    ep.dir = dir;
+    ep.tunables.verbs_library = TB_FAKE_VERBS_PATH;
+    ck_assert_msg(0 == tb_engine_create(&ep, &e, err, sizeof(err)), "%s", err);
+    ck_assert_int_eq(pthread_create(&th, NULL, engine_thread, e), 0);
+    params(&p, "job4", 0, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    params(&p, "job4", 1, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+
+    memset(&rt, 0, sizeof(rt));
+    memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
+    ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
+    rt.flags = TB_EROUTE_F_HOST;
+    ck_assert_int_eq(tb_eclient_route(c0, 1, &rt), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 1, 5, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 1, 1, 6, &iov, 1), 0);
+    progress_until(c1, &s1, two_received);
+    ck_assert_int_eq(s1.nrecv, 2);
+    ck_assert_int_eq(s1.tag[0], 5);
+    ck_assert_uint_eq(s1.link[0], TB_ELINK_LOCAL);
+    ck_assert_int_eq(s1.tag[1], 6);
+    ck_assert_uint_eq(s1.link[1], TB_ELINK_LOCAL | TB_ELINK_HOST);
+
+    rt.flags = 0x02;
+    ck_assert_int_eq(tb_eclient_route(c0, 2, &rt), 0);
+    progress_until(c0, &s0, heard_lost);
+    ck_assert_msg(s0.lost, "the engine kept a rank that sent a route with an unknown flag");
+    progress_until(c1, &s1, heard_gone);
+    ck_assert_int_eq(s1.ngone, 1);
+    ck_assert_uint_eq(s1.gone_vpid, 0);
+
+    tb_eclient_detach(c0);
+    tb_eclient_detach(c1);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
 /* The segment a rank hands its engine cannot be shrunk under the engine's
  * mapping (its accesses would fault), and the engine refuses one that could. */
 START_TEST(segment_sealed)
@@ -354,6 +508,7 @@ int main(void)
     tcase_add_test(tc, attach_refusals);
     tcase_add_test(tc, segment_sealed);
     tcase_add_test(tc, attach_silent_connections);
+    tcase_add_test(tc, local_routes_host_flag);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
