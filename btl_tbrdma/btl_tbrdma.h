@@ -62,7 +62,9 @@ struct mca_btl_base_endpoint_t {
     mca_btl_tbrdma_module_t *module;
     opal_proc_t *proc;
     opal_process_name_t name;
-    struct in_addr peer_ipv4; /* the far end of this module's cable */
+    tb_device_t *device;      /* this end of the cable: the module's, or for the host
+                               * module the one that reaches the peer */
+    struct in_addr peer_ipv4; /* the far end of that cable */
     uint16_t peer_cm_port;
     uint8_t peer_gid[16]; /* its device's gid, from its modex entry: its blob must match */
     mca_btl_tbrdma_ep_state_t state;
@@ -85,7 +87,12 @@ OBJ_CLASS_DECLARATION(mca_btl_base_endpoint_t);
 struct mca_btl_tbrdma_module_t {
     mca_btl_base_module_t super;
     tb_device_t *device; /* owned by the component's device list */
-    int index;           /* in the component's module array and the modex */
+    int index;           /* in the component's module array and the modex; -1: host */
+    /* Through the engine only: the module that reaches every peer any cable
+     * reaches, each over its own cable, for osc/rdma, which wants one module
+     * reaching every process of a window (in a mesh no cable's module does).
+     * Below the cables' exclusivity, so ob1 does not send on it. */
+    bool host;
     tb_domain_t *domain;
     tb_cm_t *cm;
     uint16_t cm_port;
@@ -112,7 +119,8 @@ typedef struct mca_btl_tbrdma_component_t {
 
     tb_device_list_t devices;
     int num_modules;
-    mca_btl_tbrdma_module_t **modules;
+    mca_btl_tbrdma_module_t **modules; /* the cables' modules, then the host module if any */
+    mca_btl_tbrdma_module_t *host_module;
 
     opal_recursive_mutex_t lock; /* the channel is not thread safe */
     opal_free_list_t eager_frags;
@@ -217,8 +225,10 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
 uint64_t mca_btl_tbrdma_now_ns(void);
 
 /* Endpoints and connections (btl_tbrdma_endpoint.c). */
+/* device: this end of the cable to peer_dev (the module's own, but for the
+ * host module). */
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc,
+                                                        tb_device_t *device, opal_proc_t *proc,
                                                         const tb_wire_modex_t *peer_mx,
                                                         const tb_wire_modex_dev_t *peer_dev);
 void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *endpoint);

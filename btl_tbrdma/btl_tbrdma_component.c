@@ -325,6 +325,54 @@ static int tbrdma_component_progress(void)
     return n;
 }
 
+static mca_btl_tbrdma_module_t *new_module(tb_device_t *device, int index)
+{
+    mca_btl_tbrdma_module_t *module = malloc(sizeof(*module));
+
+    if (NULL == module) {
+        return NULL;
+    }
+    *module = mca_btl_tbrdma_module_template;
+    module->device = device;
+    module->index = index;
+    if (mca_btl_tbrdma_component.use_engine) {
+        module->super.btl_put_limit = TBRDMA_ENGINE_RMA_LIMIT;
+        module->super.btl_get_limit = TBRDMA_ENGINE_RMA_LIMIT;
+        module->super.btl_rdma_pipeline_frag_size = TBRDMA_ENGINE_RMA_LIMIT;
+    }
+    return module;
+}
+
+/* Through the engine, the module that reaches every peer over whichever
+ * cable leads to it (btl_tbrdma.h).  One below the cables' exclusivity: Open
+ * MPI's bml then gives it to ob1 for no peer a cable's module reaches, and
+ * lists it for RDMA only (it has put, get and fetching atomics), where
+ * osc/rdma looks.  A microsecond slower, so osc/rdma still picks a cable's
+ * module when one reaches every rank (two hosts). */
+static int add_host_module(char *err, size_t errlen)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_tbrdma_module_t *module = new_module(c->modules[0]->device, -1);
+
+    if (NULL == module) {
+        snprintf(err, errlen, "out of memory creating the host module");
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    module->host = true;
+    if (module->super.btl_exclusivity > 0) {
+        module->super.btl_exclusivity--;
+    }
+    module->super.btl_latency++;
+    if (OPAL_SUCCESS != mca_btl_tbrdma_module_start(module, err, errlen)) {
+        free(module);
+        return OPAL_ERROR;
+    }
+    c->modules[c->num_modules++] = module;
+    c->host_module = module;
+    BTL_TBRDMA_VERBOSE(10, "host module, reaching every peer over the cable that leads to it");
+    return OPAL_SUCCESS;
+}
+
 /* Tell every peer where this process's cables end and where to ask for a
  * connection (tb_wire.h, modex). */
 static int publish_modex(void)
@@ -551,7 +599,8 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         opal_output(0, "btl:tbrdma on %s: %s", opal_process_info.nodename, err);
         goto close;
     }
-    c->modules = calloc((size_t) usable, sizeof(*c->modules));
+    /* One more for the host module. */
+    c->modules = calloc((size_t) usable + 1, sizeof(*c->modules));
     if (NULL == c->modules) {
         opal_output(0, "btl:tbrdma: out of memory creating %d modules", usable);
         goto close;
@@ -562,20 +611,12 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         if (!c->devices.devices[i].usable) {
             continue;
         }
-        module = malloc(sizeof(*module));
+        /* Through the engine, the index is the engine's device number. */
+        module = new_module(&c->devices.devices[i], c->use_engine ? i : c->num_modules);
         if (NULL == module) {
             opal_output(0, "btl:tbrdma: out of memory creating the module of %s",
                         c->devices.devices[i].name);
             goto free_modules;
-        }
-        *module = mca_btl_tbrdma_module_template;
-        module->device = &c->devices.devices[i];
-        /* Through the engine, the index is the engine's device number. */
-        module->index = c->use_engine ? i : c->num_modules;
-        if (c->use_engine) {
-            module->super.btl_put_limit = TBRDMA_ENGINE_RMA_LIMIT;
-            module->super.btl_get_limit = TBRDMA_ENGINE_RMA_LIMIT;
-            module->super.btl_rdma_pipeline_frag_size = TBRDMA_ENGINE_RMA_LIMIT;
         }
         if (OPAL_SUCCESS != mca_btl_tbrdma_module_start(module, err, sizeof(err))) {
             opal_output(0, "btl:tbrdma on %s: not using %s: %s", opal_process_info.nodename,
@@ -594,6 +635,10 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
     if (OPAL_SUCCESS != publish_modex()) {
         opal_output(0, "btl:tbrdma on %s: cannot publish its addresses (modex)",
                     opal_process_info.nodename);
+        goto free_modules;
+    }
+    if (c->use_engine && OPAL_SUCCESS != add_host_module(err, sizeof(err))) {
+        opal_output(0, "btl:tbrdma on %s: %s", opal_process_info.nodename, err);
         goto free_modules;
     }
     c->super.btl_progress = tbrdma_component_progress;
@@ -616,6 +661,7 @@ free_modules:
     free(c->modules);
     c->modules = NULL;
     c->num_modules = 0;
+    c->host_module = NULL;
 close:
     if (c->engine) {
         mca_btl_tbrdma_engine_stop();

@@ -63,10 +63,9 @@ static void cable_string(const mca_btl_base_endpoint_t *ep, char *buf, size_t le
 {
     char mine[INET_ADDRSTRLEN], theirs[INET_ADDRSTRLEN];
 
-    inet_ntop(AF_INET, &ep->module->device->ipv4, mine, sizeof(mine));
+    inet_ntop(AF_INET, &ep->device->ipv4, mine, sizeof(mine));
     inet_ntop(AF_INET, &ep->peer_ipv4, theirs, sizeof(theirs));
-    snprintf(buf, len, "%s (%s, %s) to %s", ep->module->device->name, ep->module->device->netdev,
-             mine, theirs);
+    snprintf(buf, len, "%s (%s, %s) to %s", ep->device->name, ep->device->netdev, mine, theirs);
 }
 
 /* The peer or the cable is gone.  Everything pending on the endpoint ends
@@ -227,7 +226,7 @@ int mca_btl_tbrdma_endpoint_send(mca_btl_base_endpoint_t *endpoint, uint8_t tag,
 }
 
 mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t *module,
-                                                        opal_proc_t *proc,
+                                                        tb_device_t *device, opal_proc_t *proc,
                                                         const tb_wire_modex_t *peer_mx,
                                                         const tb_wire_modex_dev_t *peer_dev)
 {
@@ -249,6 +248,7 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t 
         memcpy(ep->peer_engine, peer_mx->engine_id, sizeof(ep->peer_engine));
     }
     ep->module = module;
+    ep->device = device;
     ep->proc = proc;
     ep->name = proc->proc_name;
     ep->peer_ipv4.s_addr = peer_dev->ipv4;
@@ -419,7 +419,7 @@ int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size
         /* The engine owns the device and listens for connections. */
         module->domain = NULL;
         module->cm = NULL;
-        module->cm_port = mca_btl_tbrdma_engine_port(module->index);
+        module->cm_port = module->host ? 0 : mca_btl_tbrdma_engine_port(module->index);
         return OPAL_SUCCESS;
     }
     tb_domain_params_default(&dp);

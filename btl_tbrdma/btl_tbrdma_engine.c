@@ -209,7 +209,8 @@ static int ensure_route(mca_btl_base_endpoint_t *ep)
         }
     }
     memset(&rt, 0, sizeof(rt));
-    rt.dev = (uint8_t) ep->module->index;
+    rt.dev = (uint8_t) (ep->device - c->devices.devices);
+    rt.flags = ep->module->host ? TB_EROUTE_F_HOST : 0;
     rt.ipv4 = ep->peer_ipv4.s_addr;
     rt.cm_port = tb_wire_le16(ep->peer_cm_port);
     memcpy(rt.gid, ep->peer_gid, sizeof(rt.gid));
@@ -295,7 +296,7 @@ void mca_btl_tbrdma_engine_send_cancel(void)
 /* ---- from the engine ---------------------------------------------------- */
 
 /* The engine behind link: a peer engine, or this host's own for its
- * local links (TB_ELINK_LOCAL + device). */
+ * local links (TB_ELINK_LOCAL + device).  Without TB_ELINK_HOST. */
 static const uint8_t *engine_of_link(uint16_t link)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
@@ -303,7 +304,9 @@ static const uint8_t *engine_of_link(uint16_t link)
     return link >= TB_ELINK_LOCAL ? c->engine_id : c->links[link].engine_id;
 }
 
-static mca_btl_tbrdma_module_t *module_of_link(uint16_t link)
+/* The cable's module of link, or with host the host module (there is one
+ * whenever the engine is used). */
+static mca_btl_tbrdma_module_t *module_of_link(uint16_t link, bool host)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     int dev;
@@ -315,20 +318,24 @@ static mca_btl_tbrdma_module_t *module_of_link(uint16_t link)
     } else {
         dev = c->links[link].dev;
     }
+    if (host) {
+        return c->host_module;
+    }
     for (int i = 0; i < c->num_modules; ++i) {
-        if (c->modules[i]->index == dev) {
+        if (!c->modules[i]->host && c->modules[i]->index == dev) {
             return c->modules[i];
         }
     }
     return NULL;
 }
 
-/* The endpoint of rank vpid behind link: the existing one, or one made
- * from its modex entry; its entry must name the engine of that link. */
-static mca_btl_base_endpoint_t *endpoint_of(uint16_t link, uint32_t vpid)
+/* The endpoint of rank vpid behind link on module: the existing one, or
+ * one made from its modex entry; its entry must name the engine of that
+ * link. */
+static mca_btl_base_endpoint_t *endpoint_of(mca_btl_tbrdma_module_t *module, uint16_t link,
+                                            uint32_t vpid)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    mca_btl_tbrdma_module_t *module = module_of_link(link);
     opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
     mca_btl_base_endpoint_t *ep;
     opal_proc_t *proc;
@@ -352,7 +359,11 @@ static void on_recv(void *ctx, uint16_t link, uint32_t src, uint8_t tag, const v
                     size_t len)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    mca_btl_base_endpoint_t *ep = endpoint_of(link, src);
+    bool host = 0 != (link & TB_ELINK_HOST);
+    mca_btl_base_endpoint_t *ep;
+
+    link &= (uint16_t) ~TB_ELINK_HOST;
+    ep = endpoint_of(module_of_link(link, host), link, src);
 
     (void) ctx;
     if (NULL == ep) {
@@ -384,25 +395,30 @@ static void on_peer(void *ctx, uint16_t link, const tb_wire_epeer_t *info)
     memcpy(c->links[link].engine_id, info->engine_id, sizeof(c->links[link].engine_id));
 }
 
+/* Rank vpid behind link died: its endpoints on the link's cable and on the
+ * host module. */
 static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
 {
-    mca_btl_base_endpoint_t *ep;
-    mca_btl_tbrdma_module_t *module = module_of_link(link);
     opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
 
     (void) ctx;
     BTL_TBRDMA_VERBOSE(20, "the host engine reports rank %u gone (link %u): %s", (unsigned) vpid,
                        (unsigned) link, why);
-    if (NULL == module) {
-        return;
-    }
-    ep = mca_btl_tbrdma_module_find_endpoint(module, &name);
-    if (ep && 0 == memcmp(ep->peer_engine, engine_of_link(link), sizeof(ep->peer_engine))) {
-        mca_btl_tbrdma_endpoint_fail(ep, why);
+    for (int host = 0; host < 2; ++host) {
+        mca_btl_tbrdma_module_t *module = module_of_link(link, host);
+        mca_btl_base_endpoint_t *ep;
+        if (NULL == module) {
+            continue;
+        }
+        ep = mca_btl_tbrdma_module_find_endpoint(module, &name);
+        if (ep && 0 == memcmp(ep->peer_engine, engine_of_link(link), sizeof(ep->peer_engine))) {
+            mca_btl_tbrdma_endpoint_fail(ep, why);
+        }
     }
 }
 
-/* Every endpoint behind the engine of link, or behind any engine (NULL). */
+/* Every endpoint over device dev behind the engine engine_id, or every
+ * endpoint behind any engine (NULL, -1). */
 static void fail_endpoints(const uint8_t *engine_id, int dev, bool quietly, const char *why)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
@@ -410,11 +426,10 @@ static void fail_endpoints(const uint8_t *engine_id, int dev, bool quietly, cons
     for (int i = 0; i < c->num_modules; ++i) {
         mca_btl_tbrdma_module_t *module = c->modules[i];
         mca_btl_base_endpoint_t *ep, *next;
-        if (dev >= 0 && module->index != dev) {
-            continue;
-        }
         OPAL_LIST_FOREACH_SAFE (ep, next, &module->endpoints, mca_btl_base_endpoint_t) {
-            if (engine_id && 0 != memcmp(ep->peer_engine, engine_id, sizeof(ep->peer_engine))) {
+            if (ep->loop || (dev >= 0 && ep->device != &c->devices.devices[dev])
+                || (engine_id
+                    && 0 != memcmp(ep->peer_engine, engine_id, sizeof(ep->peer_engine)))) {
                 continue;
             }
             if (quietly) {

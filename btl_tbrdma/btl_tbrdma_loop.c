@@ -49,6 +49,7 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_loop_endpoint(mca_btl_tbrdma_module_t *m
         return NULL;
     }
     ep->module = module;
+    ep->device = module->device;
     ep->proc = proc;
     ep->name = proc->proc_name;
     ep->loop = true;

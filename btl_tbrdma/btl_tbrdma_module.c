@@ -38,12 +38,39 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_modu
     return ep;
 }
 
+/* The peer's device at the far end of one of this host's cables, and this
+ * end's (*device): the module's own cable, or for the host module the first
+ * cable that leads to the peer.  A rank of this host (host module only) has
+ * the same devices: its first one, on this host's first.  -1: none. */
+static int find_peer_device(const mca_btl_tbrdma_module_t *module, opal_proc_t *proc,
+                            const tb_wire_modex_t *mx, tb_device_t **device)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    bool local = OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags);
+    int dev = -1;
+
+    if (!module->host) {
+        *device = module->device;
+        return local ? -1
+                     : tb_modex_find_cable(mx, module->device->ipv4.s_addr,
+                                           module->device->netmask.s_addr);
+    }
+    for (int i = 0; i < c->devices.count && dev < 0; ++i) {
+        tb_device_t *d = &c->devices.devices[i];
+        dev = local ? tb_modex_find_device(mx, d->ipv4.s_addr)
+                    : tb_modex_find_cable(mx, d->ipv4.s_addr, d->netmask.s_addr);
+        *device = d;
+    }
+    return dev;
+}
+
 mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_module_t *module,
                                                             opal_proc_t *proc)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     mca_btl_base_endpoint_t *ep;
     tb_wire_modex_t *mx = NULL;
+    tb_device_t *device = module->device;
     const char *why = NULL;
     size_t size = 0;
     int rc, dev = -1;
@@ -56,8 +83,6 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     if (OPAL_SUCCESS != rc || NULL == mx) {
         return NULL;
     }
-    /* The peer's end of this module's cable: its one device in this cable's
-     * subnet. */
     if (0 == tb_modex_check(mx, size, &why)) {
         if ((TB_MODEX_PATH_ENGINE == mx->path) != c->use_engine) {
             /* One side owns its queue pairs, the other's host engine does:
@@ -70,28 +95,26 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
             free(mx);
             return NULL;
         }
-        /* A rank of this host (through the engine) has this device itself. */
-        dev = c->use_engine && OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)
-                  ? tb_modex_find_device(mx, module->device->ipv4.s_addr)
-                  : tb_modex_find_cable(mx, module->device->ipv4.s_addr,
-                                        module->device->netmask.s_addr);
+        dev = find_peer_device(module, proc, mx, &device);
     } else {
         opal_output(0, "btl:tbrdma on %s: ignoring the tbrdma entry of %s: %s",
                     opal_process_info.nodename, opal_get_proc_hostname(proc), why);
     }
     if (dev < 0) {
         free(mx);
-        BTL_TBRDMA_VERBOSE(20, "%s: no cable from %s to %s", module->device->name,
+        BTL_TBRDMA_VERBOSE(20, "%s: no cable from %s to %s",
+                           module->host ? "host module" : module->device->name,
                            opal_process_info.nodename, opal_get_proc_hostname(proc));
         return NULL;
     }
-    ep = mca_btl_tbrdma_endpoint_create(module, proc, mx, &mx->devices[dev]);
+    ep = mca_btl_tbrdma_endpoint_create(module, device, proc, mx, &mx->devices[dev]);
     if (ep && OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags)) {
-        BTL_TBRDMA_VERBOSE(20, "%s: rank %u of this host, from ring to ring in the engine",
-                           module->device->name, (unsigned) proc->proc_name.vpid);
+        BTL_TBRDMA_VERBOSE(20, "%s%s: rank %u of this host, from ring to ring in the engine",
+                           module->host ? "host module, " : "", device->name,
+                           (unsigned) proc->proc_name.vpid);
     } else if (ep) {
-        BTL_TBRDMA_VERBOSE(20, "%s reaches %s through %s", module->device->name,
-                           opal_get_proc_hostname(proc),
+        BTL_TBRDMA_VERBOSE(20, "%s%s reaches %s through %s", module->host ? "host module, " : "",
+                           device->name, opal_get_proc_hostname(proc),
                            c->use_engine ? "the host engine" : "its own queue pairs");
     }
     free(mx);
@@ -113,15 +136,17 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     }
     for (i = 0; i < nprocs; ++i) {
         peers[i] = NULL;
+        /* This process and this host's other ranks, for osc/rdma, which
+         * wants one module reaching every process: through the engine, the
+         * host module does (its ring to ring path), else every cable's
+         * module reaches this process. */
         if (procs[i] == opal_proc_local_get()) {
-            /* For osc/rdma, which wants one BTL reaching every process. */
-            peers[i] = mca_btl_tbrdma_loop_endpoint(module, procs[i]);
+            if (module->host || !c->use_engine) {
+                peers[i] = mca_btl_tbrdma_loop_endpoint(module, procs[i]);
+            }
             continue;
         }
-        /* This host's other ranks: only through the engine, which hands
-         * their messages from ring to ring (for osc/rdma too; ob1 prefers
-         * shared memory's higher exclusivity for its own traffic). */
-        if (OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags) && !c->use_engine) {
+        if (OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags) && !module->host) {
             continue;
         }
         peers[i] = mca_btl_tbrdma_module_endpoint_for(module, procs[i]);
@@ -461,6 +486,9 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
         drain(module);
     }
     mca_btl_tbrdma_module_stop(module);
+    if (c->host_module == module) {
+        c->host_module = NULL;
+    }
     for (i = 0; i < c->num_modules; ++i) {
         if (c->modules[i] == module) {
             c->modules[i] = c->modules[--c->num_modules];
