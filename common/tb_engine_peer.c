@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tb_emsg.h"
 #include "tb_log.h"
 #include "tb_namefilter.h"
 #include "tb_random.h"
@@ -809,25 +810,20 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
     tb_wire_emsg_t h;
     const uint8_t *payload = (const uint8_t *) data + sizeof(h);
     size_t plen = len - sizeof(h);
+    const char *fault;
     char why[201];
     eng_rank_t *r;
     uint32_t src, dst;
 
-    if (len < sizeof(h)) {
-        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "short engine message");
-        peer_fail(p, TB_CHAN_EPROTO, "it sent a malformed message");
+    if (0 != tb_emsg_parse(tag, data, len, &h, &fault)) {
+        snprintf(why, sizeof(why), "it sent %s", fault);
+        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, fault);
+        peer_fail(p, TB_CHAN_EPROTO, why);
         return;
     }
     e->rx_msgs++;
-    memcpy(&h, data, sizeof(h));
     src = tb_wire_le32(h.src);
     dst = tb_wire_le32(h.dst);
-    if (0 != (h.flags & ~(TB_ETAG_DATA == tag ? TB_EMSG_F_HOST : 0)) || h.reserved[0]
-        || h.reserved[1]) {
-        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "engine message flags");
-        peer_fail(p, TB_CHAN_EPROTO, "it sent a message with unknown flags");
-        return;
-    }
     switch (tag) {
     case TB_ETAG_DATA:
         r = tb_eng_find_rank(e, dst);
@@ -872,10 +868,6 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
                                  NULL, 0);
             }
         }
-        return;
-    default:
-        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "unknown engine message");
-        peer_fail(p, TB_CHAN_EPROTO, "it sent a message of an unknown kind");
         return;
     }
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tb_cm.h"
+#include "tb_emsg.h"
 #include "tb_modex.h"
 #include "tb_sha256.h"
 #include "tb_wire.h"
@@ -165,6 +166,43 @@ START_TEST(modex_entry_checks)
 }
 END_TEST
 
+/* A peer engine's message is used only once its header passes: every tag
+ * the engines send, the host module's flag on data only, no reserved bytes,
+ * no credit outside CREDIT, and CREDIT without a payload. */
+START_TEST(engine_message_checks)
+{
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 8];
+    tb_wire_emsg_t *m = (tb_wire_emsg_t *) buf, h;
+    const char *why;
+
+    memset(buf, 0, sizeof(buf));
+    m->src = tb_wire_le32(3);
+    m->dst = tb_wire_le32(4);
+    m->flags = TB_EMSG_F_HOST;
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(buf), &h, &why), 0);
+    ck_assert_uint_eq(tb_wire_le32(h.src), 3);
+    ck_assert_uint_eq(h.flags, TB_EMSG_F_HOST);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_GONE, buf, sizeof(buf), &h, &why), -1);
+    m->flags = 0x02;
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(buf), &h, &why), -1);
+    m->flags = 0;
+    m->reserved[1] = 1;
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(buf), &h, &why), -1);
+    m->reserved[1] = 0;
+    m->credit = tb_wire_le32(100);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(buf), &h, &why), -1);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_CREDIT, buf, sizeof(buf), &h, &why), -1);
+    ck_assert_ptr_nonnull(strstr(why, "payload"));
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_CREDIT, buf, sizeof(*m), &h, &why), 0);
+    ck_assert_uint_eq(tb_wire_le32(h.credit), 100);
+    m->credit = 0;
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_GONE, buf, sizeof(buf), &h, &why), 0);
+    ck_assert_int_eq(tb_emsg_parse(4, buf, sizeof(buf), &h, &why), -1);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(*m) - 1, &h, &why), -1);
+    ck_assert_ptr_nonnull(strstr(why, "shorter"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wire");
@@ -176,6 +214,7 @@ int main(void)
     tcase_add_test(tc, hmac_vectors);
     tcase_add_test(tc, pair_key_is_symmetric);
     tcase_add_test(tc, modex_entry_checks);
+    tcase_add_test(tc, engine_message_checks);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
