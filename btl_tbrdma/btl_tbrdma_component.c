@@ -347,8 +347,8 @@ static mca_btl_tbrdma_module_t *new_module(tb_device_t *device, int index)
  * cable leads to it (btl_tbrdma.h).  One below the cables' exclusivity: Open
  * MPI's bml then gives it to ob1 for no peer a cable's module reaches, and
  * lists it for RDMA only (it has put, get and fetching atomics), where
- * osc/rdma looks.  A microsecond slower, so osc/rdma still picks a cable's
- * module when one reaches every rank (two hosts). */
+ * osc/rdma looks and finds it the only module reaching every rank (the
+ * cables' modules do not reach their own host). */
 static int add_host_module(char *err, size_t errlen)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
@@ -362,7 +362,6 @@ static int add_host_module(char *err, size_t errlen)
     if (module->super.btl_exclusivity > 0) {
         module->super.btl_exclusivity--;
     }
-    module->super.btl_latency++;
     if (OPAL_SUCCESS != mca_btl_tbrdma_module_start(module, err, errlen)) {
         free(module);
         return OPAL_ERROR;
