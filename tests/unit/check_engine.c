@@ -263,26 +263,21 @@ static void *engine_thread(void *arg)
     return NULL;
 }
 
-/* Processes that connect to the engine and say nothing neither hold up the
- * ranks that attach after them nor pile up: the engine never waits for a
- * request (it once waited 2 s for each, so 20 silent connections kept a
- * rank out for 40 s, and the links unpolled as long). */
-START_TEST(attach_silent_connections)
+/* An engine for job, on verbs_library, run in a thread: the job's private
+ * directory and key made first, as the job's first rank would. */
+static tb_engine_t *start_engine(const char *job, uint8_t key0, const char *verbs_library,
+                                 char *dir, size_t dirlen, pthread_t *th)
 {
     tb_engine_params_t ep;
-    tb_eclient_params_t p;
-    tb_eclient_t *c = NULL;
     tb_engine_t *e = NULL;
-    pthread_t th;
-    char err[512], dir[400], path[500];
-    int silent[20], fd, rc;
-    uint8_t key[TB_WIRE_SECRET_SIZE] = {7};
-    uint64_t t0;
+    uint8_t key[TB_WIRE_SECRET_SIZE] = {key0};
+    char err[512], path[500];
+    int fd;
 
     make_tmpdir();
-    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    snprintf(dir, dirlen, "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
     ck_assert_int_eq(mkdir(dir, 0700), 0);
-    strcat(dir, "/job3@unit");
+    snprintf(dir + strlen(dir), dirlen - strlen(dir), "/%s@unit", job);
     ck_assert_int_eq(mkdir(dir, 0700), 0);
     snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -290,9 +285,27 @@ START_TEST(attach_silent_connections)
     close(fd);
     tb_engine_params_default(&ep);
     ep.dir = dir;
-    ep.tunables.verbs_library = "/nonexistent/libibverbs.so";
+    ep.tunables.verbs_library = verbs_library;
     ck_assert_msg(0 == tb_engine_create(&ep, &e, err, sizeof(err)), "%s", err);
-    ck_assert_int_eq(pthread_create(&th, NULL, engine_thread, e), 0);
+    ck_assert_int_eq(pthread_create(th, NULL, engine_thread, e), 0);
+    return e;
+}
+
+/* Processes that connect to the engine and say nothing neither hold up the
+ * ranks that attach after them nor pile up: the engine never waits for a
+ * request (it once waited 2 s for each, so 20 silent connections kept a
+ * rank out for 40 s, and the links unpolled as long). */
+START_TEST(attach_silent_connections)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    tb_engine_t *e;
+    pthread_t th;
+    char err[512], dir[400], path[500];
+    int silent[20], rc;
+    uint64_t t0;
+
+    e = start_engine("job3", 7, "/nonexistent/libibverbs.so", dir, sizeof(dir), &th);
     snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
     for (int i = 0; i < 20; ++i) {
         silent[i] = tb_usock_connect(path);
@@ -405,33 +418,17 @@ static bool heard_lost(const struct seen *s)
  * others hear it gone. */
 START_TEST(local_routes_host_flag)
 {
-    tb_engine_params_t ep;
     tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL, *c1 = NULL;
-    tb_engine_t *e = NULL;
+    tb_engine_t *e;
     tb_wire_eroute_t rt;
     struct seen s0 = {0}, s1 = {0};
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     pthread_t th;
-    char err[512], dir[400], path[500];
-    uint8_t key[TB_WIRE_SECRET_SIZE] = {9};
-    int fd;
+    char err[512], dir[400];
 
-    make_tmpdir();
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
-    ck_assert_int_eq(mkdir(dir, 0700), 0);
-    strcat(dir, "/job4@unit");
-    ck_assert_int_eq(mkdir(dir, 0700), 0);
-    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t) sizeof(key));
-    close(fd);
-    tb_engine_params_default(&ep);
-    ep.dir = dir;
-    ep.tunables.verbs_library = TB_FAKE_VERBS_PATH;
-    ck_assert_msg(0 == tb_engine_create(&ep, &e, err, sizeof(err)), "%s", err);
-    ck_assert_int_eq(pthread_create(&th, NULL, engine_thread, e), 0);
+    e = start_engine("job4", 9, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
     params(&p, "job4", 0, NULL);
     ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
     params(&p, "job4", 1, NULL);
