@@ -119,7 +119,7 @@ typedef struct mca_btl_tbrdma_component_t {
 
     tb_device_list_t devices;
     int num_modules;
-    mca_btl_tbrdma_module_t **modules; /* the cables' modules, then the host module if any */
+    mca_btl_tbrdma_module_t **modules; /* the cables' modules and the host module (host set) */
     mca_btl_tbrdma_module_t *host_module;
 
     opal_recursive_mutex_t lock; /* the channel is not thread safe */

@@ -31,7 +31,8 @@ loopback() {
     timeout 300 "$ompi_bindir/mpirun" --oversubscribe --bind-to none -np "$np" \
         --mca pml ob1 --mca btl tbrdma,self --mca btl_tbrdma_path engine \
         --mca btl_tbrdma_verbs_library "$fake" --mca btl_tbrdma_engine_path "$engine" \
-        --mca osc rdma --mca osc_base_verbose 40 --mca btl_base_verbose 20 -x TB_FAKE_VERBS="rdma_en0:open:127.0.0.1" \
+        --mca osc rdma --mca osc_base_verbose 40 --mca btl_base_verbose 20 \
+        -x TB_FAKE_VERBS="rdma_en0:open:127.0.0.1" \
         "$scratch/tb_mpitests" -m 1048576 "$@" > "$scratch/np$np.out" 2>&1
 }
 
