@@ -187,9 +187,6 @@ enum {
 #define TBRDMA_ENGINE_RMA_LIMIT (512u << 10)
 _Static_assert(TBRDMA_ENGINE_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE <= TB_ENGINE_MAX_MSG,
                "a put through the engine fits one message");
-/* The slowest a peer's answers to puts and gets may come (bytes/s) before
- * the peer counts as not answering (mca_btl_tbrdma_rma_overdue). */
-#define TBRDMA_RMA_MIN_RATE 1000000u
 
 OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 

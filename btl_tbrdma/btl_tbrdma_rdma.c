@@ -15,7 +15,9 @@
  * A request the path cannot take yet (its ring or channel is full) waits on
  * the endpoint, in order, and goes out from progress: a put or get is never
  * refused for want of room, which neither ob1 (5.0.7 frees a fragment it
- * also queues for retry) nor osc/rdma would take well.
+ * also queues for retry) nor osc/rdma would take well.  So do requests past
+ * the window of unanswered ones (TB_WIRE_RMA_WINDOW): the target then never
+ * holds more answers than it promised, however many requests an epoch makes.
  *
  * Every message is parsed and checked whole (tb_rma_parse) before use; a
  * peer that breaks the protocol (a reply nobody asked for, a message that
@@ -77,10 +79,6 @@ typedef struct tbrdma_rma_reply_t {
     uint64_t old;     /* ATOMIC_RESP: the data, little-endian */
 } tbrdma_rma_reply_t;
 OBJ_CLASS_INSTANCE(tbrdma_rma_reply_t, opal_list_item_t, NULL, NULL);
-
-/* Replies waiting for the channel to take them, per endpoint, before the
- * peer counts as not taking its answers. */
-#define TBRDMA_MAX_DEFERRED_REPLIES 4096
 
 #define REQ_OF_COOKIE(c) ((tbrdma_rma_req_t *) ((char *) (c) -offsetof(tbrdma_rma_req_t, cookie)))
 #define REQ_OF_UNSENT(i) ((tbrdma_rma_req_t *) ((char *) (i) -offsetof(tbrdma_rma_req_t, unsent)))
@@ -166,12 +164,20 @@ static int request_post(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_req_t *req
     return mca_btl_tbrdma_endpoint_send(endpoint, req->tag, iov, n, &req->cookie);
 }
 
-/* Requests go out in order: once one waits for room, the rest wait behind it. */
+/* Requests handed to the path and not answered yet. */
+static size_t unanswered(mca_btl_base_endpoint_t *endpoint)
+{
+    return opal_list_get_size(&endpoint->rma_pending) - opal_list_get_size(&endpoint->rma_unsent);
+}
+
+/* Requests go out in order: once one waits for room or for the window, the
+ * rest wait behind it. */
 void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
 
-    while (!opal_list_is_empty(&endpoint->rma_unsent)) {
+    while (!opal_list_is_empty(&endpoint->rma_unsent)
+           && unanswered(endpoint) < TB_WIRE_RMA_WINDOW) {
         tbrdma_rma_req_t *req = REQ_OF_UNSENT(opal_list_remove_first(&endpoint->rma_unsent));
         int rc;
 
@@ -244,9 +250,13 @@ static int start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_add
     if (opal_list_is_empty(&endpoint->rma_pending)) {
         endpoint->rma_progress_ns = mca_btl_tbrdma_now_ns(); /* waiting starts now */
     }
+    rc = opal_list_is_empty(&endpoint->rma_unsent) && unanswered(endpoint) < TB_WIRE_RMA_WINDOW
+             ? OPAL_SUCCESS
+             : OPAL_ERR_OUT_OF_RESOURCE;
     opal_list_append(&endpoint->rma_pending, &req->super);
-    rc = opal_list_is_empty(&endpoint->rma_unsent) ? request_post(endpoint, req)
-                                                    : OPAL_ERR_OUT_OF_RESOURCE;
+    if (OPAL_SUCCESS == rc) {
+        rc = request_post(endpoint, req);
+    }
     if (OPAL_ERR_OUT_OF_RESOURCE == rc) {
         opal_list_append(&endpoint->rma_unsent, &req->unsent);
         req->queued = 1;
@@ -490,10 +500,12 @@ static int reply_post(tbrdma_rma_reply_t *reply)
  * queue behind it. */
 static void reply_queue(mca_btl_base_endpoint_t *endpoint, tbrdma_rma_reply_t *reply)
 {
-    if (opal_list_get_size(&endpoint->rma_deferred) >= TBRDMA_MAX_DEFERRED_REPLIES) {
+    /* A correct requester keeps within the window (start()): more is a
+     * peer that breaks the protocol. */
+    if (opal_list_get_size(&endpoint->rma_deferred) >= TB_WIRE_RMA_WINDOW) {
         reply_free(reply);
-        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer sent more put/get requests than it "
-                                               "takes answers to");
+        mca_btl_tbrdma_endpoint_fail(endpoint, "the peer kept more put/get requests unanswered "
+                                               "than the protocol's window (protocol violation)");
         return;
     }
     if (0 != reply->key && NULL == reply->copy) {
@@ -737,30 +749,22 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
 }
 
 /* A peer that keeps its channel alive but never answers a put or get would
- * keep a flush waiting for ever.  But answers queue behind each other and
- * behind other traffic, and a lossy link is slow: so the endpoint fails only
- * when no answer came for the peer timeout plus the time the outstanding
- * bytes take at TBRDMA_RMA_MIN_RATE. */
+ * keep a flush waiting for ever; one whose answers are merely slow (a lossy
+ * link, a long queue before them) keeps its channel moving, and is never
+ * failed for it (tb_rma_answers_overdue).  Without a channel yet, connection
+ * setup has its own deadline. */
 static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
-    uint64_t limit = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
-    uint64_t bytes = 0;
-    tbrdma_rma_req_t *req;
+    uint64_t timeout = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
 
-    if (opal_list_is_empty(&endpoint->rma_pending)) {
+    if (opal_list_is_empty(&endpoint->rma_pending) || NULL == endpoint->conn
+        || !tb_rma_answers_overdue(now, endpoint->rma_progress_ns,
+                                   tb_channel_progress_ns(tb_conn_channel(endpoint->conn)),
+                                   timeout)) {
         return NULL;
     }
-    OPAL_LIST_FOREACH (req, &endpoint->rma_pending, tbrdma_rma_req_t) {
-        bytes += req->size;
-    }
-    limit += bytes * (1000000000u / TBRDMA_RMA_MIN_RATE);
-    /* Signed: a get started from a callback inside this progress call is
-     * stamped later than now. */
-    if ((int64_t) (now - endpoint->rma_progress_ns) < (int64_t) limit) {
-        return NULL;
-    }
-    return "puts or gets got no answer within btl_tbrdma_peer_timeout (plus the time their data "
-           "takes at 1 MB/s)";
+    return "puts or gets got no answer, and the channel to the peer moved nothing, within "
+           "btl_tbrdma_peer_timeout";
 }
 
 const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)

@@ -734,6 +734,7 @@ int tb_channel_connect(tb_channel_t *ch, const tb_wire_addr_t *peer, uint64_t no
     }
     ch->connect_ns = ch->now;
     ch->last_rx_ns = ch->now;
+    ch->progress_ns = ch->now;
     ch->last_hello_ns = ch->now;
     ch->hello_ivl = tb_ch_rto_clamp(ch, ch->p.rto_initial_ns);
     if (tb_ch_tx_ctrl(ch, TB_FRAME_HELLO, TB_FRAME_F_ACK_REQ, 1) == 0) {
@@ -814,4 +815,9 @@ size_t tb_channel_unacked(const tb_channel_t *ch)
 const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch)
 {
     return &ch->cnt;
+}
+
+uint64_t tb_channel_progress_ns(const tb_channel_t *ch)
+{
+    return ch->progress_ns;
 }

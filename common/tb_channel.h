@@ -262,5 +262,11 @@ size_t tb_channel_pending_sends(const tb_channel_t *ch);
  * everything sent has arrived. */
 size_t tb_channel_unacked(const tb_channel_t *ch);
 const tb_channel_counters_t *tb_channel_counters(const tb_channel_t *ch);
+/* The latest time (as passed to the channel) it made progress: the peer
+ * acknowledged data not acknowledged before, or a data frame arrived in
+ * sequence; the connection's time until then.  However slow or lossy the link,
+ * this moves while data crosses it: a caller waiting for an answer from the
+ * peer can tell a slow peer from one that takes requests but never answers. */
+uint64_t tb_channel_progress_ns(const tb_channel_t *ch);
 
 #endif /* TB_CHANNEL_H */

@@ -154,6 +154,7 @@ struct tb_channel {
     uint64_t now;
     uint64_t connect_ns;
     uint64_t last_rx_ns;
+    uint64_t progress_ns; /* the latest data the peer acknowledged or delivered to us */
     uint64_t last_tx_ns;
     uint64_t last_hello_ns;
     uint64_t last_ka_ns;  /* the latest keepalive */

@@ -217,6 +217,7 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     }
 
     r->expected++;
+    ch->progress_ns = ch->now;
     r->ooo_since_nak = 0;
     if (r->unacked++ == 0) {
         r->ack_since = ch->now;

@@ -498,6 +498,7 @@ void tb_ch_tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t ec
     }
     t->timer_start = ch->now;
     t->ack_progress_ns = ch->now;
+    ch->progress_ns = ch->now;
 }
 
 void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)

@@ -97,4 +97,23 @@ tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t
 tb_rma_status_t tb_rma_parse_head(uint8_t tag, const void *head, size_t head_len,
                                   size_t msg_len, uint64_t max_len, tb_rma_msg_t *m);
 
+/* The requester's deadline for answers (the direct path).  Answers come in
+ * the order of the requests, each behind whatever the peer sends before it,
+ * so the time they take is not bounded on a slow or lossy link.  What is
+ * bounded is the time without progress toward the oldest answer: they are
+ * overdue when, for timeout_ns, no answer came (waiting_since: the latest
+ * answer, or the first request after none waited) and the channel to the
+ * peer moved nothing (channel_progress: tb_channel_progress_ns, our requests
+ * acknowledged or data arriving).  So a correct peer on any link that keeps
+ * delivering never trips it, and a peer that acknowledges requests but never
+ * answers trips it timeout_ns after its last progress.  Stamps later than
+ * now (a request started from a callback) count as now. */
+static inline int tb_rma_answers_overdue(uint64_t now, uint64_t waiting_since,
+                                         uint64_t channel_progress, uint64_t timeout_ns)
+{
+    uint64_t since = (int64_t) (channel_progress - waiting_since) > 0 ? channel_progress
+                                                                       : waiting_since;
+    return (int64_t) (now - since) >= (int64_t) timeout_ns;
+}
+
 #endif /* TB_RMA_H */

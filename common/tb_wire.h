@@ -131,9 +131,16 @@ _Static_assert(offsetof(tb_wire_addr_t, crc) == TB_WIRE_ADDR_SIZE - 4, "crc must
  * registered before touching any byte; a refused request is answered with a
  * non-zero status and no data.
  *
+ * A requester keeps at most TB_WIRE_RMA_WINDOW requests unanswered per peer
+ * (and per module: a cable's or the host's) and holds the rest until answers
+ * come; a target holds answers its channel cannot take yet up to that many,
+ * and fails a peer that sends more.  So a correct requester never makes its
+ * target hold more than the window, however slow the link.
+ *
  * Version 2 added ATOMIC and ATOMIC_RESP.
  */
 #define TB_WIRE_RMA_VERSION 2
+#define TB_WIRE_RMA_WINDOW 4096u
 
 enum {
     TB_TAG_RMA_PUT = 0x01,

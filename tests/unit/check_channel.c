@@ -11,6 +11,7 @@
 #include "tb_crc32c.h"
 #include "tb_log.h"
 #include "tb_lossy_link.h"
+#include "tb_rma.h"
 #include "tb_wire.h"
 
 #define SRC_SIZE (16u << 20)
@@ -1481,6 +1482,121 @@ START_TEST(test_request_response_loss)
 }
 END_TEST
 
+/* A slow, lossy link (10 % loss, 30 ms each way, one bulk frame in flight):
+ * a put or get's answer comes long after the peer timeout, but the channel
+ * keeps moving, so the requester's deadline (tb_rma_answers_overdue) never
+ * trips.  The deadline before it (from the request, the peer timeout plus the
+ * data at 1 MB/s) would have failed both. */
+static pair_t *slow_pair(uint64_t seed)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+
+    std_setup(&cfg, &p);
+    cfg.loss = 0.10;
+    cfg.delay_ns = 30 * MS;
+    cfg.seed = seed;
+    p.send_window[1] = 1;
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 5000 * MS));
+    return pr;
+}
+
+/* Run until side 0 received every message sent to it, checking at every step
+ * that its answers never count as overdue; the time it took. */
+static uint64_t wait_answer(pair_t *pr, uint64_t asked_ns, uint64_t limit_ns)
+{
+    uint64_t timeout = pr->params[0].peer_timeout_ns;
+
+    while (pr->flow[0].nrecv < pr->flow[0].nsent) {
+        ck_assert_uint_lt(pr->now - asked_ns, limit_ns);
+        ck_assert_msg(!tb_rma_answers_overdue(pr->now, asked_ns,
+                                              tb_channel_progress_ns(pr->p[0].ch), timeout),
+                      "answer overdue %llu ms after the request, channel moving",
+                      (unsigned long long) ((pr->now - asked_ns) / MS));
+        pair_step(pr);
+    }
+    return pr->now - asked_ns;
+}
+
+START_TEST(test_slow_answer_not_overdue)
+{
+    pair_t *pr = slow_pair(120);
+    uint64_t timeout = pr->params[0].peer_timeout_ns, t0, took;
+    size_t big = 4u << 20;
+
+    /* A get: a small request, a large answer. */
+    pr->p[0].use_place = 1;
+    t0 = pr->now;
+    ck_assert_int_eq(send_msg(pr, 0, 40, 0x42), TB_CHAN_OK);
+    ck_assert(run_until(pr, requests_in, 5000 * MS));
+    ck_assert_int_eq(send_msg(pr, 1, big, 0x43), TB_CHAN_OK);
+    took = wait_answer(pr, t0, 120000 * MS);
+    if (getenv("TB_CHECK_VERBOSE")) {
+        printf("slow link: a 4 MiB get's answer took %llu ms\n", (unsigned long long) (took / MS));
+    }
+    ck_assert_uint_gt(took, timeout + big * 1000u);
+    /* A put: a large request, a small answer once it is all in. */
+    t0 = pr->now;
+    ck_assert_int_eq(send_msg(pr, 0, big, 0x44), TB_CHAN_OK);
+    while (pr->flow[1].nrecv < pr->flow[1].nsent) {
+        ck_assert(!tb_rma_answers_overdue(pr->now, t0, tb_channel_progress_ns(pr->p[0].ch),
+                                          timeout));
+        ck_assert_uint_lt(pr->now - t0, 120000 * MS);
+        pair_step(pr);
+    }
+    ck_assert_int_eq(send_msg(pr, 1, 40, 0x45), TB_CHAN_OK);
+    took = wait_answer(pr, t0, 120000 * MS);
+    ck_assert_uint_gt(took, timeout + big * 1000u);
+    ck_assert(run_until(pr, all_done, 5000 * MS));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
+/* A peer that takes a request (its channel acknowledges it and answers
+ * keepalives) but never answers: overdue one peer timeout after the channel
+ * last moved, while the channel itself stays up. */
+START_TEST(test_unanswered_overdue)
+{
+    tb_lossy_cfg_t cfg;
+    tb_channel_params_t p;
+    pair_t *pr;
+    uint64_t timeout, t0, acked = 0;
+
+    std_setup(&cfg, &p);
+    p.peer_timeout_ns = 3000 * MS; /* longer than the deadline tested below */
+    pr = pair_new(&cfg, &p);
+    pair_connect(pr);
+    ck_assert(run_until(pr, both_connected, 100 * MS));
+    timeout = 1000 * MS;
+    t0 = pr->now;
+    ck_assert_int_eq(send_msg(pr, 0, 40, 0x42), TB_CHAN_OK);
+    while (!tb_rma_answers_overdue(pr->now, t0, tb_channel_progress_ns(pr->p[0].ch), timeout)) {
+        if (!acked && tb_channel_unacked(pr->p[0].ch) == 0) {
+            acked = pr->now;
+        }
+        ck_assert_uint_lt(pr->now - t0, 2 * timeout);
+        pair_step(pr);
+    }
+    /* The request's acknowledgement was the last progress. */
+    ck_assert_uint_gt(acked, 0);
+    ck_assert_uint_gt(tb_channel_progress_ns(pr->p[0].ch), t0);
+    ck_assert_uint_le(tb_channel_progress_ns(pr->p[0].ch), acked);
+    ck_assert_uint_lt(pr->now - acked, timeout + 60 * MS);
+    ck_assert_int_eq(tb_channel_status(pr->p[0].ch), TB_CHAN_OK);
+    ck_assert_uint_eq(pr->p[0].errors + pr->p[1].errors, 0);
+    /* Data arriving from the peer is progress too. */
+    ck_assert_int_eq(send_msg(pr, 1, 100000, 0x43), TB_CHAN_OK);
+    ck_assert(run_until(pr, all_done, 1000 * MS));
+    ck_assert(!tb_rma_answers_overdue(pr->now, t0, tb_channel_progress_ns(pr->p[0].ch), timeout));
+    check_clean(pr);
+    pair_free(pr);
+}
+END_TEST
+
 /* Many small messages on lane 0 while large ones take lane 1: the small ones
  * would run ahead of a large one past the receiver's window; the sender holds
  * them back instead, with and without loss. */
@@ -1827,6 +1943,8 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_rtt_loss_long_delay);
     tcase_add_test(tc, test_selective_repeat);
     tcase_add_test(tc, test_held_slots_bounded);
+    tcase_add_test(tc, test_slow_answer_not_overdue);
+    tcase_add_test(tc, test_unanswered_overdue);
     tcase_add_test(tc, test_peer_death_pending);
     tcase_add_test(tc, test_peer_death_idle);
     tcase_add_test(tc, test_connect_timeout);
