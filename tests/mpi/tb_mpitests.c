@@ -332,6 +332,55 @@ static int test_osc(void)
     return bad;
 }
 
+/* Many small one-sided operations to one target in one epoch: rank 0 puts
+ * then gets 100000 separate longs at rank 1.  The requester keeps within the
+ * window of unanswered requests its target holds answers for
+ * (TB_WIRE_RMA_WINDOW); a correct program is never failed for it. */
+static int test_manyrma(void)
+{
+    enum { N = 100000 };
+    long *win_buf = calloc(N, sizeof(long)), *got = calloc(N, sizeof(long));
+    long *mine = malloc(N * sizeof(long));
+    int bad = 0, i;
+    MPI_Win win;
+
+    MPI_Win_create(win_buf, (MPI_Aint) (N * sizeof(long)), sizeof(long), MPI_INFO_NULL,
+                   MPI_COMM_WORLD, &win);
+    for (i = 0; i < N; ++i) {
+        mine[i] = 7000000L + i;
+    }
+    MPI_Win_fence(0, win);
+    if (0 == rank) {
+        for (i = 0; i < N; ++i) {
+            MPI_Put(&mine[i], 1, MPI_LONG, 1, i, 1, MPI_LONG, win);
+        }
+    }
+    MPI_Win_fence(0, win);
+    for (i = 0; 1 == rank && i < N && !bad; ++i) {
+        if (win_buf[i] != 7000000L + i) {
+            snprintf(why, sizeof(why), "put %d: %ld", i, win_buf[i]);
+            bad = 1;
+        }
+    }
+    if (0 == rank) {
+        for (i = 0; i < N; ++i) {
+            MPI_Get(&got[i], 1, MPI_LONG, 1, i, 1, MPI_LONG, win);
+        }
+    }
+    MPI_Win_fence(0, win);
+    for (i = 0; 0 == rank && i < N && !bad; ++i) {
+        if (got[i] != 7000000L + i) {
+            snprintf(why, sizeof(why), "get %d: %ld", i, got[i]);
+            bad = 1;
+        }
+    }
+    MPI_Win_free(&win);
+    free(win_buf);
+    free(got);
+    free(mine);
+    return bad;
+}
+
 /* Passive target: atomics (64- and 32-bit fetch-and-op, compare-and-swap),
  * a lock-protected read-modify-write, and every operation on this rank's
  * own memory too; osc/rdma runs these on its BTL's atomics, locks included. */
@@ -565,7 +614,7 @@ static const struct {
     {"pingpong", test_pingpong, 1}, {"storm", test_storm, 1},   {"manytoone", test_manytoone, 1},
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
     {"osc", test_osc, 0},           {"hold", test_hold, 0},       {"compute", test_compute, 0},
-    {"stalled", test_stalled, 0},   {"atomics", test_atomics, 0},
+    {"stalled", test_stalled, 0},   {"atomics", test_atomics, 0},   {"manyrma", test_manyrma, 0},
 };
 
 static void run(int t, int *passed, int *failed)

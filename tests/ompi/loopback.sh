@@ -37,10 +37,10 @@ loopback() {
 }
 
 for np in 2 3; do
-    if loopback "$np" pingpong storm anysource coll osc atomics &&
+    if loopback "$np" pingpong storm anysource coll osc atomics manyrma &&
         grep -q "0 failed" "$scratch/np$np.out"; then
         ok "$np ranks of one host over the engine's ring-to-ring path: point-to-point," \
-            "collectives, one-sided, atomics"
+            "collectives, one-sided, atomics, 100000 puts and gets in one epoch"
     else
         not_ok "$np ranks of one host over the engine's loopback (status $?)"
         cat "$scratch/np$np.out"
