@@ -25,7 +25,6 @@
 #include "tb_modex.h"
 #include "tb_domain.h"
 #include "tb_eclient.h"
-#include "tb_engine.h"
 #include "tb_tunables.h"
 
 BEGIN_C_DECLS

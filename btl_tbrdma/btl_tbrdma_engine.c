@@ -1,5 +1,5 @@
 /*
- * tbrdma BTL: the path through the host engine (common/tb_engine.h).
+ * tbrdma BTL: the path through the host engine (engine/daemon/tb_engine.h).
  *
  * With more ranks on a host than the devices' queue pairs can serve one
  * connection each, the ranks leave the devices to one engine per host and

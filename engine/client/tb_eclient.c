@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: a rank's side of the host engine (see tb_eclient.h).
+ * tbrdma host engine, client side: a rank's side of the host engine (see tb_eclient.h).
  */
 #define _GNU_SOURCE
 #include "tb_eclient.h"
@@ -21,7 +21,8 @@
 #include <unistd.h>
 
 #include "tb_clock.h"
-#include "tb_engine.h"
+#include "tb_eproto.h"
+#include "tb_jobdir.h"
 #include "tb_random.h"
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
@@ -200,7 +201,7 @@ static bool pid_running(pid_t pid)
 /* The engine named in dir's pid file runs. */
 static bool engine_alive(const char *dir)
 {
-    return pid_running(tb_engine_pid_owner(dir));
+    return pid_running(tb_jobdir_engine_pid(dir));
 }
 
 /* Connect to the engine, starting it if this rank is the first: under the

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: a rank's side of the host engine (tb_engine.h).
+ * tbrdma host engine, client side: a rank's side of the host engine (daemon/tb_engine.h).
  *
  * tb_eclient_attach finds the job's engine on this host through its private
  * directory (<tmpdir>/tbrdma-<uid>/<job>@<host>, mode 0700), starting it
@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "tb_wire.h"
+#include "tb_eproto.h"
 
 typedef struct tb_eclient tb_eclient_t;
 

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: records in shared memory (see tb_shm_ring.h).
+ * tbrdma host engine, client side: records in shared memory (see tb_shm_ring.h).
  */
 #include "tb_shm_ring.h"
 

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: a single-producer, single-consumer ring of records
+ * tbrdma host engine, client side: a single-producer, single-consumer ring of records
  * (tb_wire_erec_t and payload) in memory shared by two processes, a rank and
  * its host's engine.
  *
@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tb_wire.h"
+#include "tb_eproto.h"
 
 /* The control block of both rings of a rank, at the start of its segment. */
 #define TB_SHM_RING_CTRL 4096u

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the shared memory a rank hands its engine (see
+ * tbrdma host engine, client side: the shared memory a rank hands its engine (see
  * tb_shm_segment.h).
  */
 #include "tb_config.h"

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the shared memory a rank hands its host's engine for
+ * tbrdma host engine, client side: the shared memory a rank hands its host's engine for
  * its rings (tb_shm_ring.h), created by the rank and checked by the engine.
  */
 #ifndef TB_SHM_SEGMENT_H

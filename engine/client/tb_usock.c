@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: Unix socket helpers (see tb_usock.h).
+ * tbrdma host engine, client side: Unix socket helpers (see tb_usock.h).
  */
 #define _GNU_SOURCE
 #include "tb_usock.h"

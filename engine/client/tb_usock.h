@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the Unix socket between a rank and its host's engine,
+ * tbrdma host engine, client side: the Unix socket between a rank and its host's engine,
  * and the private directory that holds it.
  */
 #ifndef TB_USOCK_H

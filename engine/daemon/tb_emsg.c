@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: checking messages between host engines (tb_emsg.h).
+ * tbrdma host engine, daemon: checking messages between host engines (tb_emsg.h).
  */
 #include "tb_emsg.h"
 

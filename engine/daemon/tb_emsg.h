@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the messages between host engines (tb_wire.h,
+ * tbrdma host engine, daemon: the messages between host engines (tb_eproto.h,
  * tb_wire_emsg_t), as a receiving engine checks them.  Their bytes come from
  * a cable: nothing of a message is used before it passes.
  */
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tb_wire.h"
+#include "tb_eproto.h"
 
 /* The header of a message that arrived with channel tag tag, len bytes at
  * data.  0 with *h filled (its payload follows at data + sizeof(*h)), or -1

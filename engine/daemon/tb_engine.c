@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the host engine's main loop, attach and ranks (see
+ * tbrdma host engine, daemon: the host engine's main loop, attach and ranks (see
  * tb_engine.h).  The engine's links to other engines are in
  * tb_engine_peer.c; what both share is in tb_engine_int.h.
  */
@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tb_jobdir.h"
 #include "tb_log.h"
 #include "tb_random.h"
 #include "tb_shm_segment.h"
@@ -1006,24 +1007,6 @@ int tb_engine_run(tb_engine_t *e)
 
 /* ---- create and destroy -------------------------------------------------- */
 
-pid_t tb_engine_pid_owner(const char *dir)
-{
-    char path[600];
-    FILE *f;
-    int pid = 0;
-
-    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_PIDFILE);
-    f = fopen(path, "r");
-    if (NULL == f) {
-        return 0;
-    }
-    if (1 != fscanf(f, "%d", &pid) || pid <= 0) {
-        pid = 0;
-    }
-    fclose(f);
-    return (pid_t) pid;
-}
-
 int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, size_t errlen)
 {
     tb_engine_t *e = calloc(1, sizeof(*e));
@@ -1118,7 +1101,7 @@ void tb_engine_destroy(tb_engine_t *e)
         close(e->listen_fd);
         (void) unlink(e->sock_path);
     }
-    if (e->finished && tb_engine_pid_owner(e->p.dir) == getpid()) {
+    if (e->finished && tb_jobdir_engine_pid(e->p.dir) == getpid()) {
         /* The job is over on this host: leave nothing behind, unless a rank
          * holds the lock to start the next engine (a late rank of the job).
          * After a fault the log (and the lock) stay, for the user the ranks'

@@ -1,11 +1,11 @@
 /*
- * tbrdma common layer: the host engine.
+ * tbrdma host engine: the daemon.
  *
  * Apple's limits (about 10 queue pairs and 100 registrations per device) are
  * per host, so one process per host and job owns the devices: the engine.
  * The job's processes on the host (ranks) attach to it over a Unix socket in
  * the job's private directory and exchange records with it through two
- * rings in shared memory each (tb_shm_ring.h, formats in tb_wire.h).
+ * rings in shared memory each (tb_shm_ring.h, formats in tb_eproto.h).
  *
  * Between hosts, engines hold one reliable channel (tb_channel.h) per pair
  * of hosts per cable, shared by every rank at both ends, so the queue pairs
@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "tb_eproto.h"
 #include "tb_tunables.h"
 
 typedef struct tb_engine tb_engine_t;
@@ -54,26 +55,6 @@ typedef struct tb_engine_params {
  * completion wakes the engine, which sleeps 20 ms at a time while traffic
  * flows and 250 ms after a second without (without them, 1 ms). */
 void tb_engine_params_default(tb_engine_params_t *p);
-
-/* The largest message between two ranks through engines (a put or get of
- * 512 KiB with its header fits), and so the smallest ring that takes one
- * (a record is at most a quarter of its ring). */
-#define TB_ENGINE_MAX_MSG ((512u << 10) + 64u)
-#define TB_ENGINE_MIN_RING (4u << 20)
-
-/* File names in the job's directory. */
-#define TB_ENGINE_SOCKET "engine.sock"
-#define TB_ENGINE_KEY "key"
-#define TB_ENGINE_LOCK "lock"
-#define TB_ENGINE_PIDFILE "engine.pid"
-
-/* A rank's doorbell byte on its socket: TB_EDOORBELL_BYE says it finalizes
- * (its socket closing next is not a death). */
-#define TB_EDOORBELL 1
-#define TB_EDOORBELL_BYE 'B'
-
-/* The engine that owns dir (from its pid file), or 0. */
-pid_t tb_engine_pid_owner(const char *dir);
 
 /* Open the devices and listen at dir/engine.sock.  No usable device is not
  * an error: the engine then tells each rank why at attach.  0, or -1 with

@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the host engine's internals, shared by tb_engine.c
+ * tbrdma host engine, daemon: the host engine's internals, shared by tb_engine.c
  * (loop, attach, ranks) and tb_engine_peer.c (devices, other engines).
  */
 #ifndef TB_ENGINE_INT_H
@@ -15,7 +15,7 @@
 #include "tb_domain.h"
 #include "tb_engine.h"
 #include "tb_shm_ring.h"
-#include "tb_wire.h"
+#include "tb_eproto.h"
 
 #define ENG_MAX_RANKS 64
 /* Connections accepted whose attach request has not arrived yet, and how

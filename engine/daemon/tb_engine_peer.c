@@ -1,5 +1,5 @@
 /*
- * tbrdma common layer: the host engine's devices and its links to other
+ * tbrdma host engine, daemon: the host engine's devices and its links to other
  * engines (see tb_engine.h): one reliable channel per pair of hosts per
  * cable, set up through the connection manager on the cable's address with
  * the job's key, and the per-destination credit that keeps one slow rank

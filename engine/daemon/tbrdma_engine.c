@@ -1,6 +1,6 @@
 /*
- * tbrdma-engine: the host engine (common/tb_engine.h).  Started by the first
- * rank of a job on a host (common/tb_eclient.c), never by hand; its options
+ * tbrdma-engine: the host engine (tb_engine.h).  Started by the first
+ * rank of a job on a host (engine/client/tb_eclient.c), never by hand; its options
  * are the BTL's parameters, passed on by that rank.
  */
 #include "tb_config.h"

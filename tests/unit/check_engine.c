@@ -22,6 +22,7 @@
 #include "tb_clock.h"
 #include "tb_eclient.h"
 #include "tb_engine.h"
+#include "tb_jobdir.h"
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
 #include "tb_usock.h"

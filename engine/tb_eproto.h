@@ -1,0 +1,178 @@
+/*
+ * tbrdma host engine: its protocol, with the ranks of its host (attach over
+ * a Unix socket, records in shared-memory rings) and with other hosts'
+ * engines (messages over their channel).  Byte order and rules as in
+ * common/tb_wire.h: little-endian, every layout's size asserted, and any
+ * change to a layout bumps TB_WIRE_ENGINE_VERSION.
+ */
+#ifndef TB_EPROTO_H
+#define TB_EPROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tb_wire.h"
+
+/* The largest message between two ranks through engines (a put or get of
+ * 512 KiB with its header fits), and so the smallest ring that takes one
+ * (a record is at most a quarter of its ring). */
+#define TB_ENGINE_MAX_MSG ((512u << 10) + 64u)
+#define TB_ENGINE_MIN_RING (4u << 20)
+
+/* A rank's doorbell byte on its socket: TB_EDOORBELL_BYE says it finalizes
+ * (its socket closing next is not a death). */
+#define TB_EDOORBELL 1
+#define TB_EDOORBELL_BYE 'B'
+
+/*
+ * Ranks and their engine.  The host engine (daemon/tb_engine.h): one
+ * process per host and job owns the devices; the job's processes on that
+ * host (its ranks) reach it through a Unix socket in the job's directory
+ * (client/tb_jobdir.h: attach, doorbells, and its closing as the sign of
+ * death) and two rings in shared memory per rank (client/tb_shm_ring.h),
+ * which carry records.
+ *
+ * Attach: the rank connects, sends tb_wire_eattach_t with the descriptor of
+ * its shared memory (SCM_RIGHTS); the engine checks the peer's credentials
+ * and the job key and answers tb_wire_eattach_reply_t.
+ */
+#define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
+#define TB_WIRE_ENGINE_VERSION 2
+#define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
+
+typedef struct __attribute__((packed)) tb_wire_eattach {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t reserved[3];   /* zero */
+    uint32_t vpid;         /* the rank's number in the job */
+    uint32_t pid;
+    uint64_t ring_size;    /* bytes of each ring's data; the segment is
+                            * TB_SHM_RING_CTRL + 2 * ring_size */
+    uint8_t key[TB_WIRE_SECRET_SIZE]; /* the job's key on this host */
+} tb_wire_eattach_t;
+
+typedef struct __attribute__((packed)) tb_wire_edev {
+    char name[64];   /* NUL-terminated */
+    char netdev[16]; /* NUL-terminated */
+    uint32_t ipv4;   /* network byte order */
+    uint32_t netmask;
+    uint8_t gid[16];
+    uint16_t cm_port; /* the engine's connection manager on this cable */
+    uint16_t reserved;
+    uint32_t reserved2;
+} tb_wire_edev_t;
+
+enum {
+    TB_EATTACH_OK = 0,
+    TB_EATTACH_REFUSED = 1, /* bad key, credentials or request: why says which */
+    TB_EATTACH_NODEV = 2,   /* the engine has no usable device: why says why */
+    TB_EATTACH_FULL = 3,    /* no room for another rank */
+};
+
+typedef struct __attribute__((packed)) tb_wire_eattach_reply {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t status; /* TB_EATTACH_* */
+    uint8_t ndevices;
+    uint8_t reserved;
+    uint32_t engine_pid;
+    uint32_t max_record; /* the largest record payload either ring takes */
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    char why[200]; /* NUL-terminated */
+    tb_wire_edev_t devices[TB_WIRE_ENGINE_MAX_DEVICES];
+} tb_wire_eattach_reply_t;
+
+_Static_assert(sizeof(tb_wire_eattach_t) == 56, "engine attach layout");
+_Static_assert(sizeof(tb_wire_edev_t) == 112, "engine device layout");
+_Static_assert(sizeof(tb_wire_eattach_reply_t) == 232 + 16 * 112, "engine attach reply layout");
+
+/* A ring record: this header, then len bytes, padded to TB_WIRE_EREC_ALIGN. */
+#define TB_WIRE_EREC_ALIGN 16u
+
+typedef enum {
+    TB_EREC_PAD = 0,    /* filler up to the ring's end */
+    /* rank -> engine */
+    TB_EREC_SEND = 1,   /* a message for rank vpid over route link */
+    TB_EREC_ROUTE = 2,  /* link (the rank's route number) = tb_wire_eroute_t */
+    TB_EREC_JOBKEY = 3, /* the job's engine secret (TB_WIRE_SECRET_SIZE bytes) */
+    TB_EREC_BYE = 4,    /* the rank finalizes: nothing follows */
+    /* engine -> rank */
+    TB_EREC_RECV = 16,  /* a message from rank vpid through the engine's peer link */
+    TB_EREC_PEER = 17,  /* peer link is the engine tb_wire_epeer_t names */
+    TB_EREC_GONE = 18,  /* rank vpid behind peer link died; payload: why */
+    TB_EREC_DOWN = 19,  /* peer link (that engine, or its cable) failed; payload: why */
+} tb_erec_type_t;
+
+/* RECV and GONE records whose link is TB_ELINK_LOCAL + dev come from a
+ * rank of this engine's own host, sent over the rank's route on device dev:
+ * the engine hands them from ring to ring (a route naming the engine itself
+ * says so).  Peer links are below it.
+ *
+ * A RECV record's link also carries TB_ELINK_HOST when the message was sent
+ * over a route flagged TB_EROUTE_F_HOST: from the sender's host-wide module
+ * (one that reaches every peer, whichever cable leads there), for the
+ * receiver's own, so that answers come back to the module that asked. */
+#define TB_ELINK_LOCAL 0x8000u
+#define TB_ELINK_HOST 0x4000u
+
+typedef struct __attribute__((packed)) tb_wire_erec {
+    uint32_t len;  /* payload bytes after this header */
+    uint8_t type;  /* tb_erec_type_t */
+    uint8_t tag;   /* SEND, RECV: the message's tag */
+    uint16_t link; /* SEND, ROUTE: the rank's route; RECV..DOWN: the engine's peer */
+    uint32_t vpid; /* SEND: destination; RECV, GONE: source */
+    uint32_t reserved;
+} tb_wire_erec_t;
+
+enum {
+    TB_EROUTE_F_HOST = 0x01, /* the rank's host-wide module (see TB_ELINK_HOST) */
+};
+
+typedef struct __attribute__((packed)) tb_wire_eroute {
+    uint8_t dev;   /* the engine's device (index in the attach reply) */
+    uint8_t flags; /* TB_EROUTE_F_* */
+    uint8_t reserved[2];
+    uint32_t ipv4;    /* the far engine's address on that cable */
+    uint16_t cm_port; /* and its connection manager's port */
+    uint16_t reserved2;
+    uint8_t gid[16]; /* its device's gid, which its blob must carry */
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t reserved3;
+} tb_wire_eroute_t;
+
+typedef struct __attribute__((packed)) tb_wire_epeer {
+    uint8_t dev;
+    uint8_t reserved[7];
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+} tb_wire_epeer_t;
+
+_Static_assert(sizeof(tb_wire_erec_t) == 16, "ring record layout");
+_Static_assert(sizeof(tb_wire_eroute_t) == 48, "route record layout");
+_Static_assert(sizeof(tb_wire_epeer_t) == 24, "peer record layout");
+
+/*
+ * Between engines, over their channel: one header, then the payload; every
+ * header is checked by daemon/tb_emsg.h before use.  Channel tags:
+ */
+enum {
+    TB_ETAG_DATA = 1,   /* a message from rank src to rank dst */
+    TB_ETAG_CREDIT = 2, /* rank dst consumed credit bytes of what this engine sent it */
+    TB_ETAG_GONE = 3,   /* rank src died; payload: why */
+};
+
+enum {
+    TB_EMSG_F_HOST = 0x01, /* DATA: between the ranks' host-wide modules */
+};
+
+typedef struct __attribute__((packed)) tb_wire_emsg {
+    uint32_t src;
+    uint32_t dst;
+    uint8_t tag;
+    uint8_t flags; /* TB_EMSG_F_* */
+    uint8_t reserved[2];
+    uint32_t credit; /* CREDIT */
+} tb_wire_emsg_t;
+
+_Static_assert(sizeof(tb_wire_emsg_t) == 16, "engine message layout");
+
+#endif /* TB_EPROTO_H */
