@@ -1,7 +1,8 @@
 /*
- * tbrdma host engine, daemon: the host engine's main loop, attach and ranks (see
- * tb_engine.h).  The engine's links to other engines are in
- * tb_engine_peer.c; what both share is in tb_engine_int.h.
+ * tbrdma host engine, daemon: the main loop, and creating and destroying the
+ * engine (see tb_engine.h).  Its ranks' rings are in tb_engine_rank.c, their
+ * attaching and leaving in tb_engine_attach.c, its devices and links to
+ * other engines in tb_engine_peer.c; what they share is in tb_engine_int.h.
  */
 #include "tb_engine_int.h"
 
@@ -12,16 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "tb_jobdir.h"
 #include "tb_log.h"
 #include "tb_random.h"
-#include "tb_shm_segment.h"
 #include "tb_usock.h"
 
 void tb_engine_params_default(tb_engine_params_t *p)
@@ -35,646 +32,6 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
     p->events = 1;
-}
-
-/* ---- records to a rank --------------------------------------------------- */
-
-/* Write a record into the rank's ring now, or false if it has no room. */
-static bool rx_write(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                     const void *a, size_t alen, const void *b, size_t blen)
-{
-    tb_wire_erec_t *rec = tb_shm_ring_reserve(&r->rx, alen + blen);
-
-    if (NULL == rec) {
-        return false;
-    }
-    rec->type = type;
-    rec->tag = tag;
-    rec->link = tb_wire_le16(link);
-    rec->vpid = tb_wire_le32(vpid);
-    if (alen) {
-        memcpy(rec + 1, a, alen);
-    }
-    if (blen) {
-        memcpy((uint8_t *) (rec + 1) + alen, b, blen);
-    }
-    (void) tb_shm_ring_commit(&r->rx);
-    return true;
-}
-
-/* Keep the rank's credit accounting: a RECV of bytes from peer ends at the
- * ring's head.  Credit goes back to peer links only; a rank of this host
- * holds back instead (tb_eng_send_local), and other records carry none. */
-static int rxq_push(eng_rank_t *r, uint8_t type, uint16_t peer, uint32_t bytes)
-{
-    if (TB_EREC_RECV != type || peer >= TB_ELINK_LOCAL) {
-        return 0;
-    }
-    peer &= (uint16_t) ~TB_ELINK_HOST;
-    if (r->rxq_len == r->rxq_cap) {
-        unsigned cap = r->rxq_cap ? 2 * r->rxq_cap : 256;
-        eng_rxrec_t *q = malloc((size_t) cap * sizeof(*q));
-        unsigned i;
-        if (NULL == q) {
-            return -1;
-        }
-        for (i = 0; i < r->rxq_len; ++i) {
-            q[i] = r->rxq[(r->rxq_first + i) % r->rxq_cap];
-        }
-        free(r->rxq);
-        r->rxq = q;
-        r->rxq_cap = cap;
-        r->rxq_first = 0;
-    }
-    r->rxq[(r->rxq_first + r->rxq_len) % r->rxq_cap] =
-        (eng_rxrec_t){.end = r->rx.head, .peer = peer, .bytes = bytes};
-    r->rxq_len++;
-    return 0;
-}
-
-eng_msg_t *tb_eng_msg_new(uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid, const void *a,
-                          size_t alen, const void *b, size_t blen)
-{
-    eng_msg_t *m = malloc(sizeof(*m) + alen + blen);
-
-    if (NULL == m) {
-        return NULL;
-    }
-    memset(m, 0, sizeof(*m));
-    m->kind = ENG_COOKIE_MSG;
-    m->type = type;
-    m->tag = tag;
-    m->link = link;
-    m->vpid = vpid;
-    m->len = alen + blen;
-    if (alen) {
-        memcpy(m->data, a, alen);
-    }
-    if (blen) {
-        memcpy(m->data + alen, b, blen);
-    }
-    return m;
-}
-
-/* Move what waited into the ring, in order. */
-static int rank_flush_overflow(eng_rank_t *r)
-{
-    int n = 0;
-
-    while (r->ovf_head) {
-        eng_msg_t *m = r->ovf_head;
-        if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->data, m->len, NULL, 0)) {
-            break;
-        }
-        if (0 != rxq_push(r, m->type, m->link, (uint32_t) m->len)) {
-            tb_eng_rank_fail(r, "out of memory");
-            return n;
-        }
-        r->ovf_head = m->next;
-        if (NULL == r->ovf_head) {
-            r->ovf_tail = NULL;
-        }
-        r->ovf_bytes -= m->len;
-        free(m);
-        ++n;
-    }
-    return n;
-}
-
-void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                      const void *a, size_t alen, const void *b, size_t blen)
-{
-    eng_msg_t *m;
-
-    if (ENG_RANK_ATTACHED != r->state) {
-        return;
-    }
-    if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, a, alen, b, blen)) {
-        if (0 != rxq_push(r, type, link, (uint32_t) (alen + blen))) {
-            tb_eng_rank_fail(r, "out of memory");
-        }
-        return;
-    }
-    /* The ring is full: hold it in order.  Data is bounded by the credit
-     * window per peer, and by held_max from this host's ranks; notices by
-     * the number of peers and ranks. */
-    m = tb_eng_msg_new(type, tag, link, vpid, a, alen, b, blen);
-    if (NULL == m) {
-        tb_eng_rank_fail(r, "out of memory holding a message for it");
-        return;
-    }
-    tb_eng_msg_append(&r->ovf_head, &r->ovf_tail, m);
-    r->ovf_bytes += m->len;
-}
-
-void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p)
-{
-    tb_wire_epeer_t ann;
-
-    if (r->announced[p->idx / 8] & (1u << (p->idx % 8))) {
-        return;
-    }
-    r->announced[p->idx / 8] |= (uint8_t) (1u << (p->idx % 8));
-    memset(&ann, 0, sizeof(ann));
-    ann.dev = (uint8_t) p->dev;
-    memcpy(ann.engine_id, p->id, sizeof(ann.engine_id));
-    tb_eng_rank_post(r, TB_EREC_PEER, 0, (uint16_t) p->idx, 0, &ann, sizeof(ann), NULL, 0);
-}
-
-eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid)
-{
-    for (unsigned i = 0; i < e->rank_hwm; ++i) {
-        if (ENG_RANK_ATTACHED == e->ranks[i].state && e->ranks[i].vpid == vpid) {
-            return &e->ranks[i];
-        }
-    }
-    return NULL;
-}
-
-/* ---- records from a rank ------------------------------------------------- */
-
-static void txq_release(eng_rank_t *r)
-{
-    while (r->txq_len && r->txq[r->txq_first].done) {
-        tb_shm_ring_release_to(&r->tx, r->txq[r->txq_first].end);
-        r->txq_first = (r->txq_first + 1) % ENG_TXQ;
-        r->txq_len--;
-    }
-}
-
-void tb_eng_tx_done(eng_txrec_t *t)
-{
-    t->done = true;
-    txq_release(t->rank);
-}
-
-static eng_txrec_t *txq_push(eng_rank_t *r, uint64_t end, bool done)
-{
-    eng_txrec_t *t = &r->txq[(r->txq_first + r->txq_len) % ENG_TXQ];
-
-    t->kind = ENG_COOKIE_TX;
-    t->rank = r;
-    t->end = end;
-    t->done = done;
-    r->txq_len++;
-    return t;
-}
-
-static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
-{
-    tb_engine_t *e = r->e;
-    tb_wire_eroute_t rt;
-    eng_peer_t *peer;
-
-    if (sizeof(rt) != h->len || h->link >= ENG_MAX_ROUTES) {
-        return -1;
-    }
-    memcpy(&rt, p, sizeof(rt));
-    if (rt.dev >= e->ndev || 0 != (rt.flags & ~TB_EROUTE_F_HOST) || rt.reserved[0]
-        || rt.reserved[1]) {
-        return -1;
-    }
-    if (rt.flags & TB_EROUTE_F_HOST) {
-        r->route_host[h->link / 8] |= (uint8_t) (1u << (h->link % 8));
-    } else {
-        r->route_host[h->link / 8] &= (uint8_t) ~(1u << (h->link % 8));
-    }
-    if (0 == memcmp(rt.engine_id, e->id, sizeof(e->id))) {
-        /* A rank of this host: its messages go from ring to ring. */
-        r->routes[h->link] = ENG_ROUTE_LOCAL(rt.dev);
-        return 0;
-    }
-    if (0 == rt.ipv4 || 0 == rt.cm_port) {
-        return -1;
-    }
-    peer = tb_eng_peer_for(e, rt.dev, rt.engine_id);
-    if (NULL == peer) {
-        tb_eng_rank_fail(r, "too many engines to talk to");
-        return 0;
-    }
-    tb_eng_peer_learn(peer, &rt);
-    r->routes[h->link] = (int16_t) peer->idx;
-    tb_eng_peer_dial(peer);
-    return 0;
-}
-
-static void set_job_key(tb_engine_t *e, const void *key)
-{
-    if (e->have_key) {
-        if (0 != memcmp(e->job_key, key, sizeof(e->job_key))) {
-            TB_WARN("ranks of this job gave different job keys; keeping the first");
-        }
-        return;
-    }
-    memcpy(e->job_key, key, sizeof(e->job_key));
-    e->have_key = true;
-    for (unsigned d = 0; d < e->ndev; ++d) {
-        tb_cm_set_secret(e->devs[d].cm, e->job_key);
-    }
-    tb_eng_peers_dial_waiting(e);
-}
-
-/* One record from the rank.  1: consumed; 0: retry later (left in the ring);
- * -1: the rank broke the protocol. */
-static int rank_record(eng_rank_t *r, const tb_wire_erec_t *h, const void *p, uint64_t start,
-                       uint64_t end)
-{
-    int rc;
-
-    switch (h->type) {
-    case TB_EREC_SEND:
-        if (h->link >= ENG_MAX_ROUTES || h->len > r->e->max_record) {
-            return -1;
-        }
-        rc = tb_eng_send(r, h, p, start, end);
-        return rc;
-    case TB_EREC_ROUTE:
-        rc = rank_route(r, h, p);
-        break;
-    case TB_EREC_JOBKEY:
-        if (TB_WIRE_SECRET_SIZE != h->len) {
-            return -1;
-        }
-        set_job_key(r->e, p);
-        rc = 0;
-        break;
-    case TB_EREC_BYE:
-        r->bye = true;
-        rc = 0;
-        break;
-    default:
-        return -1;
-    }
-    if (rc < 0) {
-        return -1;
-    }
-    if (0 == r->txq_len) {
-        tb_shm_ring_release_to(&r->tx, end);
-    } else {
-        (void) txq_push(r, end, true);
-    }
-    return 1;
-}
-
-eng_txrec_t *tb_eng_txq_push(eng_rank_t *r, uint64_t end)
-{
-    return txq_push(r, end, false);
-}
-
-void tb_eng_txq_pop_last(eng_rank_t *r)
-{
-    r->txq_len--;
-}
-
-void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end)
-{
-    if (0 == r->txq_len) {
-        tb_shm_ring_release_to(&r->tx, end);
-    } else {
-        (void) txq_push(r, end, true);
-    }
-}
-
-static int rank_tx_progress(eng_rank_t *r)
-{
-    tb_wire_erec_t h;
-    const void *p;
-    uint64_t start, end, taken = 0;
-    int n = 0, rc;
-
-    r->blocked = false;
-    /* A share at a time: the devices are polled between shares, however
-     * fast the rank writes (a long pass starves the links' receives). */
-    while (ENG_RANK_ATTACHED == r->state && taken < ENG_TX_SHARE) {
-        if (r->txq_len >= ENG_TXQ - 1 || r->held_bytes > r->e->p.held_max) {
-            r->blocked = true;
-            break;
-        }
-        start = r->tx.cursor;
-        p = tb_shm_ring_next(&r->tx, &h, &end);
-        if (NULL == p) {
-            if (r->tx.broken) {
-                tb_eng_rank_fail(r, "its ring to the engine is corrupt");
-            }
-            break;
-        }
-        /* A PAD skipped before the record moved the start. */
-        start = end - ((sizeof(h) + h.len + TB_WIRE_EREC_ALIGN - 1)
-                       & ~(uint64_t) (TB_WIRE_EREC_ALIGN - 1));
-        rc = rank_record(r, &h, p, start, end);
-        if (rc < 0) {
-            tb_eng_rank_fail(r, "it sent a malformed record");
-            break;
-        }
-        if (0 == rc) {
-            tb_shm_ring_rewind(&r->tx, start);
-            r->blocked = true;
-            break;
-        }
-        taken += sizeof(h) + h.len;
-        ++n;
-    }
-    return n;
-}
-
-/* Return credit for what the rank consumed of its ring. */
-static int rank_credit_progress(eng_rank_t *r)
-{
-    tb_engine_t *e = r->e;
-    uint64_t consumed;
-    int n = 0;
-
-    if (0 == r->rxq_len) {
-        return 0;
-    }
-    consumed = tb_shm_ring_consumed(&r->rx);
-    if (r->rx.broken) {
-        tb_eng_rank_fail(r, "it corrupted its ring from the engine");
-        return 0;
-    }
-    while (r->rxq_len && (int64_t) (consumed - r->rxq[r->rxq_first].end) >= 0) {
-        eng_rxrec_t *q = &r->rxq[r->rxq_first];
-        eng_peer_t *p = e->peers[q->peer];
-        if (p) {
-            p->ret[r->slot] += q->bytes;
-            p->ret_pending = true;
-        }
-        r->rxq_first = (r->rxq_first + 1) % r->rxq_cap;
-        r->rxq_len--;
-        ++n;
-    }
-    return n;
-}
-
-/* ---- attach, detach, death ----------------------------------------------- */
-
-static void rank_free(eng_rank_t *r)
-{
-    tb_engine_t *e = r->e;
-    eng_msg_t *m, *next;
-
-    tb_eng_peers_forget_rank(e, r);
-    for (m = r->ovf_head; m; m = next) {
-        next = m->next;
-        free(m);
-    }
-    if (r->seg) {
-        munmap(r->seg, r->seg_len);
-    }
-    if (r->fd >= 0) {
-        close(r->fd);
-    }
-    free(r->rxq);
-    free(r->routes);
-    memset(r, 0, sizeof(*r));
-    r->fd = -1;
-    r->state = ENG_RANK_FREE;
-    r->e = e;
-    r->slot = (unsigned) (r - e->ranks);
-    e->nranks--;
-    while (e->rank_hwm > 0 && ENG_RANK_FREE == e->ranks[e->rank_hwm - 1].state) {
-        e->rank_hwm--;
-    }
-    e->last_detach_ns = tb_now_ns();
-}
-
-/* The host's other ranks may hold routes to r on any device: each hears it
- * on every device's local link. */
-static void local_rank_gone(eng_rank_t *r, const char *why)
-{
-    tb_engine_t *e = r->e;
-
-    for (unsigned i = 0; i < e->rank_hwm; ++i) {
-        eng_rank_t *o = &e->ranks[i];
-        if (o == r || ENG_RANK_ATTACHED != o->state) {
-            continue;
-        }
-        for (unsigned d = 0; d < e->ndev; ++d) {
-            tb_eng_rank_post(o, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), r->vpid, why,
-                             strlen(why), NULL, 0);
-        }
-    }
-}
-
-void tb_eng_rank_fail(eng_rank_t *r, const char *why)
-{
-    char text[200];
-
-    if (ENG_RANK_ATTACHED != r->state) {
-        return;
-    }
-    r->state = ENG_RANK_DEAD;
-    if (0 == r->e->faults++) {
-        /* What the links held when the job started to fail. */
-        tb_eng_peers_log_state(r->e);
-        tb_eng_log_loop(r->e);
-    }
-    if (r->fd >= 0) {
-        /* It learns at once that the engine dropped it. */
-        close(r->fd);
-        r->fd = -1;
-    }
-    if (!r->bye) {
-        snprintf(text, sizeof(text), "rank %u (pid %d) on the engine's host %s", (unsigned) r->vpid,
-                 (int) r->pid, why);
-        TB_WARN("%s", text);
-        tb_eng_peers_rank_gone(r->e, r->vpid, text);
-        local_rank_gone(r, text);
-    }
-}
-
-static void reply_attach(tb_engine_t *e, int fd, uint8_t status, const char *why)
-{
-    tb_wire_eattach_reply_t rep;
-
-    memset(&rep, 0, sizeof(rep));
-    rep.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
-    rep.version = TB_WIRE_ENGINE_VERSION;
-    rep.status = status;
-    rep.engine_pid = tb_wire_le32((uint32_t) getpid());
-    rep.max_record = tb_wire_le32(e->max_record);
-    memcpy(rep.engine_id, e->id, sizeof(rep.engine_id));
-    snprintf(rep.why, sizeof(rep.why), "%s", why ? why : "");
-    if (TB_EATTACH_OK == status) {
-        rep.ndevices = (uint8_t) e->ndev;
-        for (unsigned d = 0; d < e->ndev; ++d) {
-            const tb_device_t *dev = e->devs[d].dev;
-            tb_wire_edev_t *o = &rep.devices[d];
-            snprintf(o->name, sizeof(o->name), "%s", dev->name);
-            snprintf(o->netdev, sizeof(o->netdev), "%s", dev->netdev);
-            o->ipv4 = dev->ipv4.s_addr;
-            o->netmask = dev->netmask.s_addr;
-            memcpy(o->gid, dev->gid.raw, sizeof(o->gid));
-            o->cm_port = tb_wire_le16(e->devs[d].port);
-        }
-    }
-    (void) tb_usock_send(fd, &rep, sizeof(rep), -1);
-}
-
-static bool key_equal(const uint8_t *a, const uint8_t *b)
-{
-    uint8_t d = 0;
-
-    for (unsigned i = 0; i < TB_WIRE_SECRET_SIZE; ++i) {
-        d |= (uint8_t) (a[i] ^ b[i]);
-    }
-    return 0 == d;
-}
-
-/* A new connection waits among the pending ones until its request arrives
- * (attach_rank); when they are all taken, the oldest gives way. */
-static void accept_conn(tb_engine_t *e, uint64_t now)
-{
-    unsigned i, slot = 0;
-    uid_t uid;
-    pid_t pid;
-    int fd = accept(e->listen_fd, NULL, NULL);
-
-    if (fd < 0) {
-        return;
-    }
-    /* Only this user's processes: anyone else is closed on unheard. */
-    if (0 != tb_usock_peer(fd, &uid, &pid) || uid != getuid()) {
-        TB_WARN("refused a process of uid %d on the engine's socket", (int) uid);
-        close(fd);
-        return;
-    }
-    for (i = 0; i < ENG_MAX_PENDING; ++i) {
-        if (e->pending_fd[i] < 0) {
-            slot = i;
-            break;
-        }
-        if (e->pending_since[i] < e->pending_since[slot]) {
-            slot = i;
-        }
-    }
-    if (e->pending_fd[slot] >= 0) {
-        TB_WARN("more than %d processes connected without asking to attach: "
-                "dropped the oldest", ENG_MAX_PENDING);
-        close(e->pending_fd[slot]);
-    }
-    e->pending_fd[slot] = fd;
-    e->pending_since[slot] = now;
-}
-
-/* Connections that said nothing for too long are dropped. */
-static void expire_pending(tb_engine_t *e, uint64_t now)
-{
-    for (unsigned i = 0; i < ENG_MAX_PENDING; ++i) {
-        if (e->pending_fd[i] >= 0 && now - e->pending_since[i] > ENG_PENDING_NS) {
-            TB_WARN("a process connected and did not ask to attach within %llu s: dropped",
-                    (unsigned long long) (ENG_PENDING_NS / 1000000000ull));
-            close(e->pending_fd[i]);
-            e->pending_fd[i] = -1;
-        }
-    }
-}
-
-/* The request has arrived on fd (poll said so): it is read at once, never
- * waited for. */
-static void attach_rank(tb_engine_t *e, int fd)
-{
-    tb_wire_eattach_t req;
-    eng_rank_t *r = NULL;
-    uid_t uid;
-    pid_t pid;
-    const char *why;
-    int shm = -1;
-    unsigned i;
-    void *seg;
-    size_t seg_len;
-
-    if (0 != tb_usock_peer(fd, &uid, &pid)
-        || 0 != tb_usock_recv(fd, &req, sizeof(req), &shm, 0)) {
-        close(fd);
-        return;
-    }
-    if (TB_WIRE_ENGINE_MAGIC != tb_wire_le32(req.magic) || TB_WIRE_ENGINE_VERSION != req.version) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "another tbrdma version's engine runs for this "
-                                                "job (mixed installations?)");
-        goto refuse;
-    }
-    if (!key_equal(req.key, e->key)) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "wrong job key");
-        goto refuse;
-    }
-    if (e->ndev == 0) {
-        reply_attach(e, fd, TB_EATTACH_NODEV, e->nodev_why);
-        /* Kept open so the engine lives while ranks may still ask. */
-    }
-    for (i = 0; i < ENG_MAX_RANKS; ++i) {
-        if (ENG_RANK_FREE == e->ranks[i].state) {
-            r = &e->ranks[i];
-            break;
-        }
-    }
-    if (NULL == r) {
-        if (e->ndev) {
-            reply_attach(e, fd, TB_EATTACH_FULL, "the engine serves at most 64 ranks per host");
-        }
-        goto refuse;
-    }
-    seg_len = tb_shm_ring_segment_size(tb_wire_le64(req.ring_size));
-    if (e->ndev && (!tb_shm_ring_size_ok(tb_wire_le64(req.ring_size))
-                    || tb_wire_le64(req.ring_size) < TB_ENGINE_MIN_RING)) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "bad ring size");
-        goto refuse;
-    }
-    /* A segment the rank could still shrink would fault the engine's accesses. */
-    if (e->ndev && NULL != (why = tb_shm_segment_check(shm, seg_len))) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, why);
-        goto refuse;
-    }
-    memset(r, 0, sizeof(*r));
-    r->e = e;
-    r->slot = i;
-    if (i + 1 > e->rank_hwm) {
-        e->rank_hwm = i + 1;
-    }
-    r->fd = fd;
-    r->vpid = tb_wire_le32(req.vpid);
-    r->pid = pid;
-    r->state = ENG_RANK_ATTACHED;
-    e->nranks++;
-    e->ever_attached = true;
-    if (0 == e->ndev) {
-        r->state = ENG_RANK_NODEV;
-        if (shm >= 0) {
-            close(shm);
-        }
-        return;
-    }
-    seg = mmap(NULL, seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
-    close(shm);
-    shm = -1;
-    r->routes = malloc(ENG_MAX_ROUTES * sizeof(*r->routes));
-    if (MAP_FAILED == seg || NULL == r->routes) {
-        r->seg = NULL;
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "the engine cannot map the rings");
-        r->state = ENG_RANK_DEAD;
-        if (MAP_FAILED != seg) {
-            munmap(seg, seg_len);
-        }
-        return;
-    }
-    for (i = 0; i < ENG_MAX_ROUTES; ++i) {
-        r->routes[i] = -1;
-    }
-    memset(r->route_host, 0, sizeof(r->route_host));
-    r->seg = seg;
-    r->seg_len = seg_len;
-    /* The rank reset both rings before sharing them. */
-    tb_shm_ring_attach(&r->tx, seg, tb_wire_le64(req.ring_size), 0, false);
-    tb_shm_ring_attach(&r->rx, seg, tb_wire_le64(req.ring_size), 1, false);
-    reply_attach(e, fd, TB_EATTACH_OK, NULL);
-    TB_INFO("rank %u (pid %d) attached", (unsigned) r->vpid, (int) pid);
-    return;
-
-refuse:
-    if (shm >= 0) {
-        close(shm);
-    }
-    close(fd);
 }
 
 /* ---- the loop ------------------------------------------------------------ */
@@ -700,7 +57,7 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
     n = nev;
     /* The pending connections before the listening socket: a connection
      * accepted in this round may reuse a number closed in it. */
-    expire_pending(e, tb_now_ns());
+    tb_eng_expire_pending(e, tb_now_ns());
     for (i = 0; i < ENG_MAX_PENDING; ++i) {
         if (e->pending_fd[i] >= 0) {
             fds[n].fd = e->pending_fd[i];
@@ -746,12 +103,12 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         }
         ++work;
         if (NULL == r && pend[i - nev] < 0) {
-            accept_conn(e, tb_now_ns());
+            tb_eng_accept(e, tb_now_ns());
             continue;
         }
         if (NULL == r) {
             e->pending_fd[pend[i - nev]] = -1;
-            attach_rank(e, fds[i].fd);
+            tb_eng_attach_rank(e, fds[i].fd);
             continue;
         }
         /* Everything the socket holds: a rank that rang thousands of
@@ -780,9 +137,9 @@ static int ranks_progress(tb_engine_t *e)
         eng_rank_t *r = &e->ranks[i];
         switch (r->state) {
         case ENG_RANK_ATTACHED:
-            n += rank_tx_progress(r);
-            n += rank_flush_overflow(r);
-            n += rank_credit_progress(r);
+            n += tb_eng_rank_tx_progress(r);
+            n += tb_eng_rank_flush_overflow(r);
+            n += tb_eng_rank_credit_progress(r);
             /* Gone: one that said it finalizes leaves once its ring is
              * read; any other died, and its peers hear it now. */
             if (r->fd < 0 && ENG_RANK_ATTACHED == r->state
@@ -798,7 +155,7 @@ static int ranks_progress(tb_engine_t *e)
             /* Free once the socket is closed and the channels hold no
              * reference to its ring. */
             if (r->fd < 0 && 0 == r->txq_len) {
-                rank_free(r);
+                tb_eng_rank_free(r);
                 ++n;
             }
             break;
@@ -1088,7 +445,7 @@ void tb_engine_destroy(tb_engine_t *e)
     tb_eng_peers_destroy(e);
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
         if (ENG_RANK_FREE != e->ranks[i].state) {
-            rank_free(&e->ranks[i]);
+            tb_eng_rank_free(&e->ranks[i]);
         }
     }
     tb_eng_devices_close(e);

@@ -1,6 +1,7 @@
 /*
  * tbrdma host engine, daemon: the host engine's internals, shared by tb_engine.c
- * (loop, attach, ranks) and tb_engine_peer.c (devices, other engines).
+ * (loop), tb_engine_rank.c (rings), tb_engine_attach.c (attach, death) and
+ * tb_engine_peer.c (devices, other engines).
  */
 #ifndef TB_ENGINE_INT_H
 #define TB_ENGINE_INT_H
@@ -203,7 +204,10 @@ struct tb_engine {
     unsigned npeers;
 };
 
-/* tb_engine.c: ranks. */
+/* tb_engine_rank.c: a rank's rings. */
+int tb_eng_rank_tx_progress(eng_rank_t *r);
+int tb_eng_rank_flush_overflow(eng_rank_t *r);
+int tb_eng_rank_credit_progress(eng_rank_t *r);
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid);
 void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
                       const void *a, size_t alen, const void *b, size_t blen);
@@ -226,6 +230,12 @@ static inline void tb_eng_msg_append(eng_msg_t **head, eng_msg_t **tail, eng_msg
 }
 void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end);
 void tb_eng_tx_done(eng_txrec_t *t);
+
+/* tb_engine_attach.c: ranks attaching, leaving, dying. */
+void tb_eng_accept(tb_engine_t *e, uint64_t now);
+void tb_eng_expire_pending(tb_engine_t *e, uint64_t now);
+void tb_eng_attach_rank(tb_engine_t *e, int fd);
+void tb_eng_rank_free(eng_rank_t *r);
 
 /* tb_engine_peer.c: devices and other engines. */
 int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen);
