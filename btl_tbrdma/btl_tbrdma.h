@@ -4,8 +4,9 @@
  * One module per usable RDMA device (one per Thunderbolt cable), so ob1
  * stripes large messages across cables by itself.  The transport proper
  * (devices, framing, reliability, connection setup) is in common/, free of
- * Open MPI; this component adapts it: descriptors, the modex, reachability,
- * and put/get emulated over the channel (Apple's RDMA has only SEND).
+ * Open MPI, and the host engine's client in engine/client/; this component
+ * adapts them: descriptors, the modex, reachability, and put/get emulated
+ * over the channel (Apple's RDMA has only SEND).
  */
 #ifndef BTL_TBRDMA_H
 #define BTL_TBRDMA_H
