@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 2
+#define TB_WIRE_ENGINE_VERSION 3
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -174,5 +174,17 @@ typedef struct __attribute__((packed)) tb_wire_emsg {
 } tb_wire_emsg_t;
 
 _Static_assert(sizeof(tb_wire_emsg_t) == 16, "engine message layout");
+
+/* Credit between engines (per destination rank, the receiving engine's
+ * window) counts what a DATA message costs its receiver, not only its
+ * payload: the payload plus TB_WIRE_ECREDIT_OVERHEAD, which covers a held
+ * message's header and allocation or a ring record's header and padding.
+ * So empty messages are bounded like full ones.  Version 3 counts so. */
+#define TB_WIRE_ECREDIT_OVERHEAD 64u
+
+static inline uint64_t tb_ecredit_cost(uint64_t payload_len)
+{
+    return payload_len + TB_WIRE_ECREDIT_OVERHEAD;
+}
 
 #endif /* TB_EPROTO_H */

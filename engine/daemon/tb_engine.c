@@ -98,6 +98,7 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
         eng_rank_t *r = who[i - nev];
         char buf[4096];
         ssize_t got;
+        unsigned reads;
         if (0 == fds[i].revents) {
             continue;
         }
@@ -111,14 +112,17 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             tb_eng_attach_rank(e, fds[i].fd);
             continue;
         }
-        /* Everything the socket holds: a rank that rang thousands of
-         * doorbells and died is seen dead only behind the last of them. */
+        /* A share of what the socket holds per pass: a rank writing bytes
+         * as fast as it can must not hold the loop (the devices go unpolled
+         * meanwhile).  One that rang thousands of doorbells and died is seen
+         * dead a few passes later. */
+        reads = 0;
         do {
             got = recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
             if (got > 0 && NULL != memchr(buf, TB_EDOORBELL_BYE, (size_t) got)) {
                 r->leaving = true;
             }
-        } while (got == (ssize_t) sizeof(buf));
+        } while (got == (ssize_t) sizeof(buf) && ++reads < ENG_SOCKET_READS);
         if (got == 0 || (got < 0 && EAGAIN != errno && EWOULDBLOCK != errno && EINTR != errno)) {
             /* The rank is gone; what it left in its ring is still read
              * (ranks_progress), and tells whether it said BYE first. */

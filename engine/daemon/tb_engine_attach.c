@@ -208,6 +208,21 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
         reply_attach(e, fd, TB_EATTACH_REFUSED, "wrong job key");
         goto refuse;
     }
+    /* A vpid is one process's: a second claim of a live one (another
+     * process of the user holding the job's key) would read that rank's
+     * messages, send in its name, and announce its death when it left. */
+    for (i = 0; i < e->rank_hwm; ++i) {
+        const eng_rank_t *o = &e->ranks[i];
+        if ((ENG_RANK_ATTACHED == o->state || ENG_RANK_NODEV == o->state)
+            && o->vpid == tb_wire_le32(req.vpid)) {
+            char text[200];
+            snprintf(text, sizeof(text), "rank %u is attached already (pid %d); pid %d claims it too",
+                     (unsigned) o->vpid, (int) o->pid, (int) pid);
+            TB_WARN("refused an attach: %s", text);
+            reply_attach(e, fd, TB_EATTACH_REFUSED, text);
+            goto refuse;
+        }
+    }
     if (e->ndev == 0) {
         reply_attach(e, fd, TB_EATTACH_NODEV, e->nodev_why);
         /* Kept open so the engine lives while ranks may still ask. */

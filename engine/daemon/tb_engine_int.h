@@ -45,6 +45,8 @@ enum {
 /* Bytes of a rank's ring, or of messages waiting for credit, that one pass
  * of the loop takes before it polls the devices again. */
 #define ENG_TX_SHARE (1u << 20)
+/* Reads of 4 KiB that one pass takes from one rank's socket. */
+#define ENG_SOCKET_READS 4
 
 /* The parts of the loop timed for tb_eng_log_loop (GAP: between two polls
  * of the devices). */
@@ -63,7 +65,8 @@ typedef struct eng_txrec {
     tb_wire_emsg_t hdr; /* what precedes its payload on the channel */
 } eng_txrec_t;
 
-/* A RECV in a rank's ring, for credit: bytes from peer, ending at end. */
+/* A RECV in a rank's ring, for credit: the credit it cost (tb_ecredit_cost)
+ * from peer, ending at end. */
 typedef struct eng_rxrec {
     uint64_t end;
     uint16_t peer;
@@ -84,6 +87,11 @@ typedef struct eng_msg {
     size_t len;
     uint8_t data[];
 } eng_msg_t;
+
+/* What a held message of len bytes costs the engine, its header and the
+ * allocator's own included: the bounds on held messages (held_max) count
+ * this, so empty messages cannot pile up without bound. */
+#define ENG_MSG_COST(len) (sizeof(eng_msg_t) + (len) + 16u)
 
 typedef enum {
     ENG_RANK_FREE = 0,
@@ -111,8 +119,8 @@ struct eng_rank {
     eng_rxrec_t *rxq;
     unsigned rxq_first, rxq_len, rxq_cap;
     eng_msg_t *ovf_head, *ovf_tail; /* records waiting for room in rx */
-    uint64_t ovf_bytes;
-    uint64_t held_bytes; /* its messages waiting for credit */
+    uint64_t ovf_bytes;  /* what they cost (ENG_MSG_COST) */
+    uint64_t held_bytes; /* what its messages waiting for credit cost (ENG_MSG_COST) */
     uint8_t announced[ENG_MAX_PEERS / 8];
     bool bye;      /* its BYE record was read */
     bool leaving;  /* it said on its socket that it finalizes */
@@ -152,6 +160,10 @@ struct eng_peer {
     /* Notices (a rank gone) the channel had no room for: sent before
      * anything else once it has. */
     eng_msg_t *notice_head, *notice_tail;
+    /* The ranks it said are gone: each is told to this host's ranks once,
+     * and an engine serves at most ENG_MAX_RANKS, so more is a lie. */
+    uint32_t gone[ENG_MAX_RANKS];
+    unsigned ngone;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */
@@ -174,6 +186,8 @@ struct tb_engine {
     uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
     uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
     bool have_key;
+    uint64_t key_warn_ns;         /* the last warning of a different job key */
+    uint64_t key_warn_suppressed; /* and how many were not reported since */
     tb_device_list_t devlist;
     bool devlist_open;
     unsigned ndev;

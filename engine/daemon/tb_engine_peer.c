@@ -195,7 +195,7 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
         }
         *pp = m->next;
         if (m->src_slot >= 0) {
-            p->e->ranks[m->src_slot].held_bytes -= m->len - sizeof(tb_wire_emsg_t);
+            p->e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
         }
         if (m->vpid < p->nvpid) {
             p->nwait[m->vpid]--;
@@ -469,10 +469,11 @@ static int vpid_room(eng_peer_t *p, uint32_t vpid)
     return 0;
 }
 
-/* One message may always be in flight, whatever its size. */
+/* One message may always be in flight, whatever its size.  Credit counts
+ * what a message costs the receiver (tb_ecredit_cost). */
 static bool credit_ok(const eng_peer_t *p, uint32_t dst, size_t len)
 {
-    return 0 == p->used[dst] || p->used[dst] + len <= p->e->p.credit_window;
+    return 0 == p->used[dst] || p->used[dst] + tb_ecredit_cost(len) <= p->e->p.credit_window;
 }
 
 static tb_channel_t *peer_channel(eng_peer_t *p)
@@ -547,7 +548,7 @@ static void hold(eng_peer_t *p, eng_rank_t *r, const tb_wire_emsg_t *h, const vo
     tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
     p->nwait[dst]++;
     p->credit_changed = true;
-    r->held_bytes += len;
+    r->held_bytes += ENG_MSG_COST(m->len);
 }
 
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
@@ -603,7 +604,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
         rc = tb_channel_send_commit(ch);
         if (TB_CHAN_OK == rc) {
-            p->used[h->vpid] += h->len;
+            p->used[h->vpid] += (uint32_t) tb_ecredit_cost(h->len);
         }
         tb_eng_tx_consumed(r, end);
         return 1;
@@ -623,7 +624,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_done(t);
         return 1;
     }
-    p->used[h->vpid] += h->len;
+    p->used[h->vpid] += (uint32_t) tb_ecredit_cost(h->len);
     return 1;
 }
 
@@ -686,7 +687,7 @@ static int send_waiting(eng_peer_t *p)
         p->nwait[dst]--;
         src = m->src_slot;
         if (src >= 0) {
-            p->e->ranks[src].held_bytes -= len;
+            p->e->ranks[src].held_bytes -= ENG_MSG_COST(m->len);
         }
         m->src_slot = -1;
         rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
@@ -708,12 +709,12 @@ static int send_waiting(eng_peer_t *p)
             p->nwait[dst]++;
             m->src_slot = src;
             if (src >= 0) {
-                p->e->ranks[src].held_bytes += len;
+                p->e->ranks[src].held_bytes += ENG_MSG_COST(m->len);
             }
             p->credit_changed = true;
             break;
         }
-        p->used[dst] += (uint32_t) len;
+        p->used[dst] += (uint32_t) tb_ecredit_cost(len);
         taken += len;
         ++n;
     }
@@ -833,18 +834,20 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
         }
         /* As the sender counts (credit_ok): one message may exceed the
          * window only when nothing else is outstanding. */
-        if (0 != p->delivered[r->slot] && p->delivered[r->slot] + plen > e->p.credit_window) {
+        if (0 != p->delivered[r->slot]
+            && p->delivered[r->slot] + tb_ecredit_cost(plen) > e->p.credit_window) {
             snprintf(why, sizeof(why),
                      "it sent rank %u %llu bytes beyond the credit window (%llu bytes; "
                      "btl_tbrdma_engine_credit_window must be the same on every host)",
                      (unsigned) dst,
-                     (unsigned long long) (p->delivered[r->slot] + plen - e->p.credit_window),
+                     (unsigned long long) (p->delivered[r->slot] + tb_ecredit_cost(plen)
+                                           - e->p.credit_window),
                      (unsigned long long) e->p.credit_window);
             tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "credit exceeded");
             peer_fail(p, TB_CHAN_EPROTO, why);
             return;
         }
-        p->delivered[r->slot] += plen;
+        p->delivered[r->slot] += tb_ecredit_cost(plen);
         tb_eng_rank_announce(r, p);
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
                          (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
@@ -858,6 +861,19 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
         }
         return;
     case TB_ETAG_GONE:
+        /* Every GONE is copied to every rank: only the first for a rank
+         * counts, and no engine has more ranks than one engine may serve. */
+        for (unsigned i = 0; i < p->ngone; ++i) {
+            if (p->gone[i] == src) {
+                return;
+            }
+        }
+        if (p->ngone == ENG_MAX_RANKS) {
+            tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "too many ranks gone");
+            peer_fail(p, TB_CHAN_EPROTO, "it said more ranks are gone than one engine serves");
+            return;
+        }
+        p->gone[p->ngone++] = src;
         snprintf(why, sizeof(why), "%.*s", (int) (plen < 200 ? plen : 200), (const char *) payload);
         drop_waiting(p, &src);
         for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {

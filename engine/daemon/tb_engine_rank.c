@@ -62,7 +62,7 @@ static int rxq_push(eng_rank_t *r, uint8_t type, uint16_t peer, uint32_t bytes)
         r->rxq_first = 0;
     }
     r->rxq[(r->rxq_first + r->rxq_len) % r->rxq_cap] =
-        (eng_rxrec_t){.end = r->rx.head, .peer = peer, .bytes = bytes};
+        (eng_rxrec_t){.end = r->rx.head, .peer = peer, .bytes = (uint32_t) tb_ecredit_cost(bytes)};
     r->rxq_len++;
     return 0;
 }
@@ -109,7 +109,7 @@ int tb_eng_rank_flush_overflow(eng_rank_t *r)
         if (NULL == r->ovf_head) {
             r->ovf_tail = NULL;
         }
-        r->ovf_bytes -= m->len;
+        r->ovf_bytes -= ENG_MSG_COST(m->len);
         free(m);
         ++n;
     }
@@ -131,15 +131,16 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
         return;
     }
     /* The ring is full: hold it in order.  Data is bounded by the credit
-     * window per peer, and by held_max from this host's ranks; notices by
-     * the number of peers and ranks. */
+     * window per peer, and by held_max from this host's ranks (both count
+     * what a message costs, not only its payload); notices by the number of
+     * peers and ranks. */
     m = tb_eng_msg_new(type, tag, link, vpid, a, alen, b, blen);
     if (NULL == m) {
         tb_eng_rank_fail(r, "out of memory holding a message for it");
         return;
     }
     tb_eng_msg_append(&r->ovf_head, &r->ovf_tail, m);
-    r->ovf_bytes += m->len;
+    r->ovf_bytes += ENG_MSG_COST(m->len);
 }
 
 void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p)
@@ -233,11 +234,24 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
     return 0;
 }
 
-static void set_job_key(tb_engine_t *e, const void *key)
+static void set_job_key(eng_rank_t *r, const void *key)
 {
+    tb_engine_t *e = r->e;
+
     if (e->have_key) {
         if (0 != memcmp(e->job_key, key, sizeof(e->job_key))) {
-            TB_WARN("ranks of this job gave different job keys; keeping the first");
+            /* A rank may send this record as often as it likes: one line a
+             * second, with a count of the rest. */
+            uint64_t now = tb_now_ns();
+            if (0 == e->key_warn_ns || now - e->key_warn_ns >= 1000000000ull) {
+                TB_WARN("rank %u gave another job key than the first rank did; keeping the "
+                        "first (and %llu such records not reported)",
+                        (unsigned) r->vpid, (unsigned long long) e->key_warn_suppressed);
+                e->key_warn_ns = now;
+                e->key_warn_suppressed = 0;
+            } else {
+                e->key_warn_suppressed++;
+            }
         }
         return;
     }
@@ -270,7 +284,7 @@ static int rank_record(eng_rank_t *r, const tb_wire_erec_t *h, const void *p, ui
         if (TB_WIRE_SECRET_SIZE != h->len) {
             return -1;
         }
-        set_job_key(r->e, p);
+        set_job_key(r, p);
         rc = 0;
         break;
     case TB_EREC_BYE:

@@ -8,6 +8,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <pthread.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +24,8 @@
 #include "tb_clock.h"
 #include "tb_eclient.h"
 #include "tb_engine.h"
+#include "tb_engine_int.h"
+#include "tb_log.h"
 #include "tb_jobdir.h"
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
@@ -464,6 +468,224 @@ START_TEST(local_routes_host_flag)
 }
 END_TEST
 
+/* Two attaches as one vpid: the second is refused while the first lives
+ * (it would read the first's messages, send in its name, and announce its
+ * death on leaving). */
+START_TEST(attach_vpid_once)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL, *c1 = NULL, *c2 = NULL;
+    tb_engine_t *e;
+    pthread_t th;
+    char err[512], dir[400];
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job5", 11, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    params(&p, "job5", 3, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    ck_assert_int_eq(tb_eclient_attach(&p, &c1, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "rank 3 is attached already"), "why: %s", err);
+    params(&p, "job5", 4, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c2, err, sizeof(err)), "%s", err);
+    tb_eclient_detach(c0);
+    tb_eclient_detach(c2);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
+/* A rank that sends a rank of its host that does not read nothing but empty
+ * messages: what the engine holds for the reader is bounded by what the
+ * messages cost, headers included (it once counted payload bytes only, and
+ * held empty messages without end).  The sender is held back instead. */
+START_TEST(hostile_empty_sends)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL, *c1 = NULL;
+    tb_engine_t *e;
+    tb_wire_eroute_t rt;
+    struct seen s0 = {0};
+    pthread_t th;
+    char err[512], dir[400];
+    uint64_t sent = 0, t0, blocked_since = 0;
+    /* The sender's ring and the reader's, full of empty records, and what
+     * the engine may hold beyond them (held_max, default 8 MiB, at the cost
+     * of an empty message). */
+    const uint64_t ring_records = TB_ENGINE_MIN_RING / sizeof(tb_wire_erec_t);
+    const uint64_t bound = 2 * ring_records + (8u << 20) / ENG_MSG_COST(0) + 1000;
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job6", 12, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    params(&p, "job6", 0, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    params(&p, "job6", 1, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    memset(&rt, 0, sizeof(rt));
+    memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
+    ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
+    t0 = tb_now_ns();
+    while (tb_now_ns() - t0 < 8000000000ull) {
+        int rc = tb_eclient_sendv(c0, 0, 1, 7, NULL, 0);
+        if (0 == rc) {
+            sent++;
+            blocked_since = 0;
+            continue;
+        }
+        ck_assert_int_eq(rc, -EAGAIN);
+        if (0 == blocked_since) {
+            blocked_since = tb_now_ns();
+        } else if (tb_now_ns() - blocked_since > 500000000ull) {
+            break;
+        }
+        (void) tb_eclient_progress(c0, &seen_handlers, &s0, tb_now_ns(), 64);
+        usleep(1000);
+    }
+    ck_assert_msg(0 != blocked_since, "the engine took %llu empty messages for a rank that reads "
+                  "nothing, and still takes more", (unsigned long long) sent);
+    ck_assert_msg(sent <= bound, "the engine took %llu empty messages for a rank that reads "
+                  "nothing (at most %llu expected)", (unsigned long long) sent,
+                  (unsigned long long) bound);
+    ck_assert(!s0.lost);
+    tb_eclient_detach(c0);
+    tb_eclient_detach(c1);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
+/* A rank attached by hand, as a hostile process would: its socket. */
+static int raw_attach(const char *dir, uint32_t vpid, uint8_t key0)
+{
+    size_t seg_len = tb_shm_ring_segment_size(TB_ENGINE_MIN_RING);
+    tb_wire_eattach_t req;
+    tb_wire_eattach_reply_t rep;
+    tb_shm_ring_t tx, rx;
+    char err[256], path[500];
+    int shm = tb_shm_segment_create(seg_len, err, sizeof(err)), fd;
+    void *seg;
+
+    ck_assert_msg(shm >= 0, "%s", err);
+    seg = mmap(NULL, seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+    ck_assert(MAP_FAILED != seg);
+    tb_shm_ring_attach(&tx, seg, TB_ENGINE_MIN_RING, 0, true);
+    tb_shm_ring_attach(&rx, seg, TB_ENGINE_MIN_RING, 1, true);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
+    fd = tb_usock_connect(path);
+    ck_assert_int_ge(fd, 0);
+    memset(&req, 0, sizeof(req));
+    req.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
+    req.version = TB_WIRE_ENGINE_VERSION;
+    req.vpid = tb_wire_le32(vpid);
+    req.pid = tb_wire_le32((uint32_t) getpid());
+    req.ring_size = tb_wire_le64(TB_ENGINE_MIN_RING);
+    req.key[0] = key0;
+    ck_assert_int_eq(tb_usock_send(fd, &req, sizeof(req), shm), 0);
+    ck_assert_int_eq(tb_usock_recv(fd, &rep, sizeof(rep), NULL, 5000), 0);
+    ck_assert_int_eq(rep.status, TB_EATTACH_OK);
+    close(shm);
+    return fd;
+}
+
+static atomic_bool flooding;
+
+static void *flood_doorbells(void *arg)
+{
+    static char bytes[65536];
+    int fd = *(int *) arg;
+
+    memset(bytes, TB_EDOORBELL, sizeof(bytes));
+    while (atomic_load(&flooding)) {
+        if (write(fd, bytes, sizeof(bytes)) < 0) {
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* A rank whose threads write doorbell bytes as fast as they can: the engine
+ * takes a share of its socket per pass and keeps polling its devices (it
+ * once read while reads filled its buffer, and went seconds without a poll,
+ * past the engines' peer timeout). */
+START_TEST(hostile_doorbells)
+{
+    tb_engine_t *e;
+    pthread_t th, writers[8];
+    int sndbuf = 8 << 20;
+    char dir[400];
+    int fd;
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job7", 13, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    fd = raw_attach(dir, 0, 13);
+    (void) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    atomic_store(&flooding, true);
+    for (int i = 0; i < 8; ++i) {
+        ck_assert_int_eq(pthread_create(&writers[i], NULL, flood_doorbells, &fd), 0);
+    }
+    usleep(3000000);
+    atomic_store(&flooding, false);
+    shutdown(fd, SHUT_WR);
+    for (int i = 0; i < 8; ++i) {
+        pthread_join(writers[i], NULL);
+    }
+    close(fd);
+    pthread_join(th, NULL);
+    ck_assert_msg(e->max_ns[ENG_PH_GAP] < 300000000ull,
+                  "the engine polled no device for %llu ms while a rank flooded its socket",
+                  (unsigned long long) (e->max_ns[ENG_PH_GAP] / 1000000u));
+    tb_engine_destroy(e);
+}
+END_TEST
+
+static atomic_uint warnings;
+
+static void count_warnings(tb_log_level_t level, const char *msg, void *ctx)
+{
+    (void) msg;
+    (void) ctx;
+    if (level <= TB_LOG_WARN) {
+        atomic_fetch_add(&warnings, 1);
+    }
+}
+
+/* A rank that sends another job key than the first again and again: the
+ * engine says so once a second, with a count, not once per record. */
+START_TEST(hostile_jobkeys)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL;
+    tb_engine_t *e;
+    pthread_t th;
+    char err[512], dir[400];
+    uint8_t first[TB_WIRE_SECRET_SIZE] = {1}, other[TB_WIRE_SECRET_SIZE] = {2};
+    unsigned sent = 0;
+    uint64_t t0;
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job8", 14, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    params(&p, "job8", 0, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    tb_log_set_sink(count_warnings, NULL, TB_LOG_WARN);
+    ck_assert_int_eq(tb_eclient_jobkey(c0, first), 0);
+    t0 = tb_now_ns();
+    while (sent < 200000 && tb_now_ns() - t0 < 5000000000ull) {
+        if (0 == tb_eclient_jobkey(c0, other)) {
+            sent++;
+        } else {
+            usleep(100);
+        }
+    }
+    usleep(200000);
+    tb_eclient_detach(c0);
+    pthread_join(th, NULL);
+    tb_log_set_sink(NULL, NULL, TB_LOG_INFO);
+    ck_assert_uint_gt(sent, 10000);
+    ck_assert_msg(atomic_load(&warnings) <= 2 + (tb_now_ns() - t0) / 1000000000u,
+                  "%u warnings for %u records", atomic_load(&warnings), sent);
+    tb_engine_destroy(e);
+}
+END_TEST
+
 /* The segment a rank hands its engine cannot be shrunk under the engine's
  * mapping (its accesses would fault), and the engine refuses one that could. */
 START_TEST(segment_sealed)
@@ -507,6 +729,10 @@ int main(void)
     tcase_add_test(tc, segment_sealed);
     tcase_add_test(tc, attach_silent_connections);
     tcase_add_test(tc, local_routes_host_flag);
+    tcase_add_test(tc, attach_vpid_once);
+    tcase_add_test(tc, hostile_empty_sends);
+    tcase_add_test(tc, hostile_doorbells);
+    tcase_add_test(tc, hostile_jobkeys);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
