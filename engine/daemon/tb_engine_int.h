@@ -24,13 +24,18 @@
 #define ENG_MAX_PENDING 16
 #define ENG_PENDING_NS 2000000000ull
 #define ENG_MAX_PEERS 256
+/* Engines one rank may name in its routes (peers are made from its word, so
+ * no rank may take more than its share of the table): 16 hosts with 4
+ * cables to each fit. */
+#define ENG_RANK_MAX_PEERS 64
 #define ENG_MAX_ROUTES 4096
 /* A route to a rank of this host over device dev, and its device back. */
 #define ENG_ROUTE_LOCAL(dev) ((int16_t) (-2 - (int) (dev)))
 #define ENG_ROUTE_LOCAL_DEV(route) ((unsigned) (-2 - (int) (route)))
 #define ENG_TXQ 1024
-/* The largest vpid the engine keeps credit for (a job of 4M processes). */
-#define ENG_MAX_VPID (1u << 22)
+/* Slots of a peer's table of destination ranks (twice the most ranks one
+ * engine serves, so probes stay short). */
+#define ENG_DST_HASH (2 * ENG_MAX_RANKS)
 /* Connection setup to another engine is tried this often (backing off from
  * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
  * job's key yet, or may be starting. */
@@ -122,10 +127,22 @@ struct eng_rank {
     uint64_t ovf_bytes;  /* what they cost (ENG_MSG_COST) */
     uint64_t held_bytes; /* what its messages waiting for credit cost (ENG_MSG_COST) */
     uint8_t announced[ENG_MAX_PEERS / 8];
+    uint8_t named[ENG_MAX_PEERS / 8]; /* the peers its routes named */
+    unsigned nnamed;
     bool bye;      /* its BYE record was read */
     bool leaving;  /* it said on its socket that it finalizes */
     bool blocked;  /* its ring waits for credit, room or the channel */
 };
+
+/* Credit toward one rank behind a peer engine.  An engine serves at most
+ * ENG_MAX_RANKS ranks, so a peer has at most that many: the table's size is
+ * fixed, whatever vpids the ranks name. */
+typedef struct eng_dst {
+    uint32_t vpid;
+    uint32_t used;    /* bytes in flight (tb_ecredit_cost) */
+    uint32_t nwait;   /* messages waiting for credit */
+    uint32_t blocked; /* a mark for the scan of the waiting list */
+} eng_dst_t;
 
 typedef enum {
     ENG_PEER_IDLE = 0,
@@ -150,10 +167,11 @@ struct eng_peer {
     uint32_t ipv4;
     uint16_t port;
     uint8_t gid[16];
-    /* Per destination vpid: bytes in flight, messages waiting, and a mark
-     * for the scan of the waiting list. */
-    uint32_t *used, *nwait, *blocked;
-    uint32_t nvpid;
+    /* The ranks behind it that this host's ranks send to, and where each is
+     * in dst (index + 1; 0: free), by vpid. */
+    eng_dst_t dst[ENG_MAX_RANKS];
+    unsigned ndst;
+    uint8_t dst_slot[ENG_DST_HASH];
     uint32_t scan_gen;
     bool credit_changed;
     eng_msg_t *wait_head, *wait_tail;
@@ -258,7 +276,9 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen);
 void tb_eng_cms_close(tb_engine_t *e);
 void tb_eng_devices_close(tb_engine_t *e);
 int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
-eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id);
+/* The peer engine id over device dev; made (when add is set and the table
+ * has room) if there is none yet. */
+eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add);
 void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
 /* The loop's longest phases, to the log (after a fault). */
 void tb_eng_log_loop(const tb_engine_t *e);

@@ -134,8 +134,9 @@ int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len);
 static void chan_send_done(void *ctx, void *cookie, int status);
 static void chan_error(void *ctx, int status, const char *why);
+static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, bool add);
 
-eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id)
+eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add)
 {
     eng_peer_t *p;
 
@@ -145,7 +146,7 @@ eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id)
             return p;
         }
     }
-    if (e->npeers == ENG_MAX_PEERS) {
+    if (!add || e->npeers == ENG_MAX_PEERS) {
         return NULL;
     }
     p = calloc(1, sizeof(*p));
@@ -197,9 +198,8 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
         if (m->src_slot >= 0) {
             p->e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
         }
-        if (m->vpid < p->nvpid) {
-            p->nwait[m->vpid]--;
-        }
+        /* Held only once its destination had its place (tb_eng_send). */
+        dst_of(p, m->vpid, false)->nwait--;
         free(m);
     }
 }
@@ -378,7 +378,7 @@ static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wir
     if (TB_WIRE_ENGINE_ID_SIZE != id_len) {
         return -1;
     }
-    p = tb_eng_peer_for(d->e, d->idx, peer_id);
+    p = tb_eng_peer_for(d->e, d->idx, peer_id, true);
     if (NULL == p || ENG_PEER_IDLE != p->state
         || (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid)))) {
         return -1;
@@ -433,47 +433,37 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
 
 /* ---- credit -------------------------------------------------------------- */
 
-static int vpid_room(eng_peer_t *p, uint32_t vpid)
+/* Rank vpid behind p, added when add is set and there is room; NULL if it is
+ * not there (or there is no room: more ranks than one engine serves). */
+static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, bool add)
 {
-    uint32_t n;
+    unsigned h = (unsigned) ((vpid * 2654435761u) >> 16) % ENG_DST_HASH;
 
-    if (vpid < p->nvpid) {
-        return 0;
+    for (unsigned k = 0; k < ENG_DST_HASH; ++k, h = (h + 1) % ENG_DST_HASH) {
+        eng_dst_t *d;
+        if (0 == p->dst_slot[h]) {
+            if (!add || p->ndst == ENG_MAX_RANKS) {
+                return NULL;
+            }
+            d = &p->dst[p->ndst++];
+            memset(d, 0, sizeof(*d));
+            d->vpid = vpid;
+            p->dst_slot[h] = (uint8_t) p->ndst;
+            return d;
+        }
+        d = &p->dst[p->dst_slot[h] - 1];
+        if (d->vpid == vpid) {
+            return d;
+        }
     }
-    if (vpid >= ENG_MAX_VPID) {
-        return -1;
-    }
-    n = p->nvpid ? p->nvpid : 64;
-    while (n <= vpid) {
-        n *= 2;
-    }
-    uint32_t *u = realloc(p->used, n * sizeof(*u));
-    if (u) {
-        p->used = u;
-    }
-    uint32_t *w = realloc(p->nwait, n * sizeof(*w));
-    if (w) {
-        p->nwait = w;
-    }
-    uint32_t *b = realloc(p->blocked, n * sizeof(*b));
-    if (b) {
-        p->blocked = b;
-    }
-    if (!u || !w || !b) {
-        return -1;
-    }
-    memset(p->used + p->nvpid, 0, (n - p->nvpid) * sizeof(*u));
-    memset(p->nwait + p->nvpid, 0, (n - p->nvpid) * sizeof(*w));
-    memset(p->blocked + p->nvpid, 0, (n - p->nvpid) * sizeof(*b));
-    p->nvpid = n;
-    return 0;
+    return NULL;
 }
 
 /* One message may always be in flight, whatever its size.  Credit counts
  * what a message costs the receiver (tb_ecredit_cost). */
-static bool credit_ok(const eng_peer_t *p, uint32_t dst, size_t len)
+static bool credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len)
 {
-    return 0 == p->used[dst] || p->used[dst] + tb_ecredit_cost(len) <= p->e->p.credit_window;
+    return 0 == d->used || d->used + tb_ecredit_cost(len) <= p->e->p.credit_window;
 }
 
 static tb_channel_t *peer_channel(eng_peer_t *p)
@@ -534,8 +524,8 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
 
 /* ---- sending --------------------------------------------------------------- */
 
-static void hold(eng_peer_t *p, eng_rank_t *r, const tb_wire_emsg_t *h, const void *payload,
-                 size_t len)
+static void hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
+                 const void *payload, size_t len)
 {
     uint32_t dst = tb_wire_le32(h->dst);
     eng_msg_t *m = tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
@@ -546,7 +536,7 @@ static void hold(eng_peer_t *p, eng_rank_t *r, const tb_wire_emsg_t *h, const vo
     }
     m->src_slot = (int) r->slot;
     tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
-    p->nwait[dst]++;
+    d->nwait++;
     p->credit_changed = true;
     r->held_bytes += ENG_MSG_COST(m->len);
 }
@@ -559,6 +549,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     bool host = 0 != (r->route_host[h->link / 8] & (1u << (h->link % 8)));
     eng_txrec_t *t;
     eng_peer_t *p;
+    eng_dst_t *d;
     tb_channel_t *ch;
     tb_wire_emsg_t em;
     struct iovec iov[2];
@@ -580,8 +571,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_consumed(r, end);
         return 1;
     }
-    if (0 != vpid_room(p, h->vpid)) {
-        tb_eng_rank_fail(r, "out of memory, or a destination beyond any job's size");
+    d = dst_of(p, h->vpid, true);
+    if (NULL == d) {
+        tb_eng_rank_fail(r, "it sends to more ranks behind one engine than an engine serves");
         return 1;
     }
     memset(&em, 0, sizeof(em));
@@ -592,9 +584,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     /* Nothing goes into a channel before it is set up: a setup that is
      * tried again starts with a new channel, and the old one's sends would
      * be lost. */
-    if (p->nwait[h->vpid] || !credit_ok(p, h->vpid, h->len) || ENG_PEER_CONNECTED != p->state
+    if (d->nwait || !credit_ok(p, d, h->len) || ENG_PEER_CONNECTED != p->state
         || NULL == (ch = peer_channel(p))) {
-        hold(p, r, &em, payload, h->len);
+        hold(p, d, r, &em, payload, h->len);
         tb_eng_tx_consumed(r, end);
         return 1;
     }
@@ -604,7 +596,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
         rc = tb_channel_send_commit(ch);
         if (TB_CHAN_OK == rc) {
-            p->used[h->vpid] += (uint32_t) tb_ecredit_cost(h->len);
+            d->used += (uint32_t) tb_ecredit_cost(h->len);
         }
         tb_eng_tx_consumed(r, end);
         return 1;
@@ -624,7 +616,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_done(t);
         return 1;
     }
-    p->used[h->vpid] += (uint32_t) tb_ecredit_cost(h->len);
+    d->used += (uint32_t) tb_ecredit_cost(h->len);
     return 1;
 }
 
@@ -665,15 +657,15 @@ static int send_waiting(eng_peer_t *p)
     p->credit_changed = false;
     p->scan_gen++;
     while ((m = *pp)) {
-        uint32_t dst = m->vpid;
+        eng_dst_t *d = dst_of(p, m->vpid, false);
         size_t len = m->len - sizeof(tb_wire_emsg_t);
         if (taken >= ENG_TX_SHARE) {
             /* The rest in the next pass (see rank_tx_progress). */
             p->credit_changed = true;
             break;
         }
-        if (p->blocked[dst] == p->scan_gen || !credit_ok(p, dst, len)) {
-            p->blocked[dst] = p->scan_gen;
+        if (d->blocked == p->scan_gen || !credit_ok(p, d, len)) {
+            d->blocked = p->scan_gen;
             prev = m;
             pp = &m->next;
             continue;
@@ -684,7 +676,7 @@ static int send_waiting(eng_peer_t *p)
         if (p->wait_tail == m) {
             p->wait_tail = prev;
         }
-        p->nwait[dst]--;
+        d->nwait--;
         src = m->src_slot;
         if (src >= 0) {
             p->e->ranks[src].held_bytes -= ENG_MSG_COST(m->len);
@@ -706,7 +698,7 @@ static int send_waiting(eng_peer_t *p)
             if (NULL == m->next) {
                 p->wait_tail = m;
             }
-            p->nwait[dst]++;
+            d->nwait++;
             m->src_slot = src;
             if (src >= 0) {
                 p->e->ranks[src].held_bytes += ENG_MSG_COST(m->len);
@@ -714,7 +706,7 @@ static int send_waiting(eng_peer_t *p)
             p->credit_changed = true;
             break;
         }
-        p->used[dst] += (uint32_t) tb_ecredit_cost(len);
+        d->used += (uint32_t) tb_ecredit_cost(len);
         taken += len;
         ++n;
     }
@@ -814,6 +806,7 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
     const char *fault;
     char why[201];
     eng_rank_t *r;
+    eng_dst_t *d;
     uint32_t src, dst;
 
     if (0 != tb_emsg_parse(tag, data, len, &h, &fault)) {
@@ -854,9 +847,9 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
                          src, payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
-        if (dst < p->nvpid) {
+        if (NULL != (d = dst_of(p, dst, false))) {
             uint32_t c = tb_wire_le32(h.credit);
-            p->used[dst] -= c < p->used[dst] ? c : p->used[dst];
+            d->used -= c < d->used ? c : d->used;
             p->credit_changed = true;
         }
         return;
@@ -986,9 +979,6 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         }
         drop_waiting(p, NULL);
         drop_notices(p);
-        free(p->used);
-        free(p->nwait);
-        free(p->blocked);
         free(p);
         e->peers[i] = NULL;
     }

@@ -223,10 +223,16 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
     if (0 == rt.ipv4 || 0 == rt.cm_port) {
         return -1;
     }
-    peer = tb_eng_peer_for(e, rt.dev, rt.engine_id);
+    peer = tb_eng_peer_for(e, rt.dev, rt.engine_id, r->nnamed < ENG_RANK_MAX_PEERS);
     if (NULL == peer) {
-        tb_eng_rank_fail(r, "too many engines to talk to");
+        tb_eng_rank_fail(r, r->nnamed < ENG_RANK_MAX_PEERS
+                                ? "too many engines to talk to"
+                                : "it named more engines than one rank may (ENG_RANK_MAX_PEERS)");
         return 0;
+    }
+    if (!(r->named[peer->idx / 8] & (1u << (peer->idx % 8)))) {
+        r->named[peer->idx / 8] |= (uint8_t) (1u << (peer->idx % 8));
+        r->nnamed++;
     }
     tb_eng_peer_learn(peer, &rt);
     r->routes[h->link] = (int16_t) peer->idx;

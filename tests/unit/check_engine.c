@@ -6,6 +6,7 @@
  */
 #include "tb_config.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -553,6 +554,90 @@ START_TEST(hostile_empty_sends)
 }
 END_TEST
 
+/* A route to an engine that does not exist (id n): the engine holds what is
+ * sent over it until the job's key lets it dial, which these tests never
+ * give it. */
+static void bogus_route(tb_eclient_t *c, uint16_t route, uint32_t n)
+{
+    tb_wire_eroute_t rt;
+
+    memset(&rt, 0, sizeof(rt));
+    rt.ipv4 = htonl(0x7f000001);
+    rt.cm_port = tb_wire_le16(9);
+    memcpy(rt.engine_id, "bogus", 5);
+    memcpy(rt.engine_id + 8, &n, sizeof(n));
+    ck_assert_int_eq(tb_eclient_route(c, route, &rt), 0);
+}
+
+/* Ranks behind one engine: a rank naming more destinations over a route
+ * than one engine serves is dropped, and the engine's table for that peer
+ * never grows with the vpids named (it was sized by the largest vpid: 48
+ * MiB for a vpid near 4M, per peer a rank made up). */
+START_TEST(hostile_destinations)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL;
+    tb_engine_t *e;
+    struct seen s0 = {0};
+    struct iovec iov = {.iov_base = "x", .iov_len = 1};
+    pthread_t th;
+    char err[512], dir[400];
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job9", 15, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    params(&p, "job9", 0, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    bogus_route(c0, 0, 1);
+    for (uint32_t v = 0; v < ENG_MAX_RANKS; ++v) {
+        ck_assert_int_eq(tb_eclient_sendv(c0, 0, (1u << 22) - 1 - v * 4099, 1, &iov, 1), 0);
+    }
+    progress_until(c0, &s0, heard_lost);
+    ck_assert_msg(!s0.lost, "dropped for sending to as many ranks as one engine serves");
+    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 12345, 1, &iov, 1), 0);
+    progress_until(c0, &s0, heard_lost);
+    ck_assert_msg(s0.lost, "kept a rank that sends to more ranks behind one engine than it serves");
+    tb_eclient_detach(c0);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
+/* A rank that names many engines that do not exist takes no more than its
+ * share of the engine's peer table: it is dropped, and a rank that names a
+ * real one later is served (it was once refused, and dropped, once a rank
+ * had named 256). */
+START_TEST(hostile_engine_names)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c0 = NULL, *c1 = NULL;
+    tb_engine_t *e;
+    struct seen s0 = {0}, s1 = {0};
+    struct iovec iov = {.iov_base = "x", .iov_len = 1};
+    pthread_t th;
+    char err[512], dir[400];
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    e = start_engine("job10", 16, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    params(&p, "job10", 0, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    params(&p, "job10", 1, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    for (uint32_t n = 0; n < ENG_MAX_PEERS; ++n) {
+        bogus_route(c0, (uint16_t) n, n);
+    }
+    progress_until(c0, &s0, heard_lost);
+    ck_assert_msg(s0.lost, "kept a rank that named %d engines", ENG_MAX_PEERS);
+    bogus_route(c1, 0, 100000);
+    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 7, 1, &iov, 1), 0);
+    progress_until(c1, &s1, heard_lost);
+    ck_assert_msg(!s1.lost, "a rank naming one engine was dropped after another named many");
+    tb_eclient_detach(c0);
+    tb_eclient_detach(c1);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
 /* A rank attached by hand, as a hostile process would: its socket. */
 static int raw_attach(const char *dir, uint32_t vpid, uint8_t key0)
 {
@@ -733,6 +818,8 @@ int main(void)
     tcase_add_test(tc, hostile_empty_sends);
     tcase_add_test(tc, hostile_doorbells);
     tcase_add_test(tc, hostile_jobkeys);
+    tcase_add_test(tc, hostile_destinations);
+    tcase_add_test(tc, hostile_engine_names);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
