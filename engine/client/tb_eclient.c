@@ -170,11 +170,12 @@ static void engine_log_tail(const char *dir, char *buf, size_t len)
     fclose(f);
 }
 
-/* pid runs (a zombie does not: an engine whose parent is an init that
- * does not reap is dead all the same). */
+/* Our engine runs as pid (a zombie does not: an engine whose parent is an
+ * init that does not reap is dead all the same).  A pid we may not signal
+ * is another user's process that took a dead engine's number. */
 static bool pid_running(pid_t pid)
 {
-    if (pid <= 0 || (0 != kill(pid, 0) && EPERM != errno)) {
+    if (pid <= 0 || 0 != kill(pid, 0)) {
         return false;
     }
 #if defined(__linux__)
@@ -204,6 +205,15 @@ static bool engine_alive(const char *dir)
     return pid_running(tb_jobdir_engine_pid(dir));
 }
 
+/* The lock file held on fd is the one path names (not one removed since). */
+static bool lock_is_named(int fd, const char *path)
+{
+    struct stat held, named;
+
+    return 0 == fstat(fd, &held) && 0 == stat(path, &named) && held.st_ino == named.st_ino
+           && held.st_dev == named.st_dev;
+}
+
 /* Connect to the engine, starting it if this rank is the first: under the
  * directory's lock, so one rank starts it and the others wait for it. */
 static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *key, char *err,
@@ -217,7 +227,6 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
     snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
     snprintf(sock, sizeof(sock), "%s/%s", dir, TB_ENGINE_SOCKET);
     for (;;) {
-        struct stat held, named;
         /* The directory of a job whose engine just left may go away under
          * us: make it again until the lock we hold is the one it names. */
         if (0 != tb_usock_private_dir(dir, err, errlen)) {
@@ -240,8 +249,7 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             }
             sleep_ms(5);
         }
-        if (0 == fstat(lock, &held) && 0 == stat(path, &named) && held.st_ino == named.st_ino
-            && held.st_dev == named.st_dev) {
+        if (lock_is_named(lock, path)) {
             break;
         }
         close(lock);
@@ -252,6 +260,16 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
     for (;;) {
         fd = tb_usock_connect(sock);
         if (fd >= 0) {
+            uid_t uid;
+            pid_t pid;
+            /* Only an engine of this user gets the job's key and rings. */
+            if (0 != tb_usock_peer(fd, &uid, &pid) || uid != getuid()) {
+                snprintf(err, errlen, "the process listening on %s is not this user's (uid %d): "
+                         "remove the directory %s", sock, (int) uid, dir);
+                close(fd);
+                fd = -1;
+                goto out;
+            }
             break;
         }
         if (!spawned && !engine_alive(dir)) {
@@ -342,6 +360,14 @@ static void sweep_stale(const char *base, const char *mine)
             if (lock >= 0) {
                 close(lock);
             }
+            continue;
+        }
+        /* Again under the lock: a rank of a new job may have started an
+         * engine there between the checks above and the lock (it takes the
+         * lock to start one, and its engine writes the pid file). */
+        if (!lock_is_named(lock, path) || 0 != lstat(dir, &st)
+            || time(NULL) - st.st_mtime < 60 || engine_alive(dir)) {
+            close(lock);
             continue;
         }
         for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {

@@ -472,9 +472,10 @@ static tb_channel_t *peer_channel(eng_peer_t *p)
 }
 
 /* A control message (CREDIT, GONE): true once queued.  With keep, one the
- * channel has no room for is not lost: it waits in the peer's notice list
- * (send_notices), and so does any sent while that list is not empty, so
- * notices keep their order. */
+ * channel has no room for, or that comes before the channel is connected
+ * (an idle or connecting peer's ranks must hear of a death too), is not
+ * lost: it waits in the peer's notice list (send_notices), and so does any
+ * sent while that list is not empty, so notices keep their order. */
 static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
                       const char *text, bool keep)
 {
@@ -485,11 +486,14 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     eng_msg_t *m;
     void *slot;
 
-    if (NULL == ch || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+    if (ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
         return true;
     }
-    if (ENG_PEER_CONNECTED != p->state) {
-        return false; /* later: see tb_eng_send */
+    if (ENG_PEER_CONNECTED != p->state || NULL == ch) {
+        if (!keep) {
+            return false; /* later: see tb_eng_send */
+        }
+        behind = true;
     }
     memset(&h, 0, sizeof(h));
     h.src = tb_wire_le32(src);

@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -638,6 +641,55 @@ START_TEST(hostile_engine_names)
 }
 END_TEST
 
+/* A rank hands its job's key and rings only to an engine of its own user:
+ * a socket in the job's directory that another user listens on is refused
+ * (it once connected to whoever listened there).  Needs root, to listen as
+ * another user. */
+START_TEST(attach_foreign_listener)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char err[512], dir[400];
+    int ready[2], status;
+    pid_t child;
+
+    if (0 != getuid()) {
+        return;
+    }
+    make_tmpdir();
+    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(dir + strlen(dir), sizeof(dir) - strlen(dir), "/job11@unit");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, TB_ENGINE_SOCKET);
+    ck_assert_int_eq(pipe(ready), 0);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (0 == child) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        char one = 1;
+        if (fd < 0 || 0 != bind(fd, (struct sockaddr *) &sa, sizeof(sa)) || 0 != setgid(65534)
+            || 0 != setuid(65534) || 0 != listen(fd, 4) || 1 != write(ready[1], &one, 1)) {
+            _exit(1);
+        }
+        sleep(10);
+        _exit(0);
+    }
+    close(ready[1]);
+    {
+        char one;
+        ck_assert_int_eq(read(ready[0], &one, 1), 1);
+    }
+    params(&p, "job11", 0, NULL);
+    ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "not this user's (uid 65534)"), "why: %s", err);
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    close(ready[0]);
+}
+END_TEST
+
 /* A rank attached by hand, as a hostile process would: its socket. */
 static int raw_attach(const char *dir, uint32_t vpid, uint8_t key0)
 {
@@ -820,6 +872,7 @@ int main(void)
     tcase_add_test(tc, hostile_jobkeys);
     tcase_add_test(tc, hostile_destinations);
     tcase_add_test(tc, hostile_engine_names);
+    tcase_add_test(tc, attach_foreign_listener);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
