@@ -280,6 +280,9 @@ int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
  * has room) if there is none yet. */
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add);
 void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
+/* A message from the peer engine (its channel's receive callback; tests and
+ * the fuzz target call it straight). */
+void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len);
 /* The loop's longest phases, to the log (after a fault). */
 void tb_eng_log_loop(const tb_engine_t *e);
 /* Each connected channel's state, to the log (after a fault). */

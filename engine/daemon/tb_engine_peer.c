@@ -800,9 +800,22 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
 
 /* ---- receiving ------------------------------------------------------------- */
 
+/* The peer broke the protocol: its channel ends (a test's peer has none). */
+static void peer_violation(eng_peer_t *p, const char *fault, const char *why)
+{
+    if (p->conn) {
+        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, fault);
+    }
+    peer_fail(p, TB_CHAN_EPROTO, why);
+}
+
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
 {
-    eng_peer_t *p = ctx;
+    tb_eng_peer_recv(ctx, tag, data, len);
+}
+
+void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
+{
     tb_engine_t *e = p->e;
     tb_wire_emsg_t h;
     const uint8_t *payload = (const uint8_t *) data + sizeof(h);
@@ -815,8 +828,7 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
 
     if (0 != tb_emsg_parse(tag, data, len, &h, &fault)) {
         snprintf(why, sizeof(why), "it sent %s", fault);
-        tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, fault);
-        peer_fail(p, TB_CHAN_EPROTO, why);
+        peer_violation(p, fault, why);
         return;
     }
     e->rx_msgs++;
@@ -840,8 +852,7 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
                      (unsigned long long) (p->delivered[r->slot] + tb_ecredit_cost(plen)
                                            - e->p.credit_window),
                      (unsigned long long) e->p.credit_window);
-            tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "credit exceeded");
-            peer_fail(p, TB_CHAN_EPROTO, why);
+            peer_violation(p, "credit exceeded", why);
             return;
         }
         p->delivered[r->slot] += tb_ecredit_cost(plen);
@@ -866,8 +877,8 @@ static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
             }
         }
         if (p->ngone == ENG_MAX_RANKS) {
-            tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, "too many ranks gone");
-            peer_fail(p, TB_CHAN_EPROTO, "it said more ranks are gone than one engine serves");
+            peer_violation(p, "too many ranks gone",
+                           "it said more ranks are gone than one engine serves");
             return;
         }
         p->gone[p->ngone++] = src;

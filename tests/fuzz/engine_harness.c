@@ -1,0 +1,202 @@
+/*
+ * A host engine assembled in memory (engine_harness.h).
+ */
+#include "engine_harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int eh_init(eng_harness_t *h)
+{
+    tb_engine_t *e = calloc(1, sizeof(*e));
+
+    memset(h, 0, sizeof(*h));
+    if (NULL == e) {
+        return -1;
+    }
+    h->e = e;
+    tb_engine_params_default(&e->p);
+    e->listen_fd = -1;
+    for (unsigned i = 0; i < ENG_MAX_PENDING; ++i) {
+        e->pending_fd[i] = -1;
+    }
+    for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
+        e->ranks[i].e = e;
+        e->ranks[i].slot = i;
+        e->ranks[i].fd = -1;
+    }
+    memcpy(e->id, "harness-engine", 14);
+    e->max_record = TB_ENGINE_MAX_MSG;
+    strcpy(h->dev.name, "fake0");
+    strcpy(h->dev.netdev, "fake0");
+    e->ndev = 1;
+    e->devs[0].e = e;
+    e->devs[0].dev = &h->dev;
+    for (unsigned i = 0; i < EH_RANKS; ++i) {
+        eng_rank_t *r = &e->ranks[i];
+        h->seg[i] = aligned_alloc(4096, tb_shm_ring_segment_size(EH_RING));
+        r->routes = malloc(ENG_MAX_ROUTES * sizeof(*r->routes));
+        if (NULL == h->seg[i] || NULL == r->routes) {
+            return -1;
+        }
+        for (unsigned k = 0; k < ENG_MAX_ROUTES; ++k) {
+            r->routes[k] = -1;
+        }
+        tb_shm_ring_attach(&h->to_engine[i], h->seg[i], EH_RING, 0, true);
+        tb_shm_ring_attach(&h->from_engine[i], h->seg[i], EH_RING, 1, true);
+        tb_shm_ring_attach(&r->tx, h->seg[i], EH_RING, 0, false);
+        tb_shm_ring_attach(&r->rx, h->seg[i], EH_RING, 1, false);
+        r->vpid = i;
+        r->pid = 1000 + (pid_t) i;
+        r->state = ENG_RANK_ATTACHED;
+        e->nranks++;
+        e->rank_hwm = i + 1;
+    }
+    e->ever_attached = true;
+    return 0;
+}
+
+void eh_fini(eng_harness_t *h)
+{
+    tb_engine_t *e = h->e;
+
+    if (NULL == e) {
+        return;
+    }
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
+        if (ENG_RANK_FREE != e->ranks[i].state) {
+            e->ranks[i].txq_len = 0;
+            tb_eng_rank_free(&e->ranks[i]);
+        }
+    }
+    tb_eng_peers_destroy(e);
+    for (unsigned i = 0; i < EH_RANKS; ++i) {
+        free(h->seg[i]);
+    }
+    free(e);
+    h->e = NULL;
+}
+
+eng_peer_t *eh_peer(eng_harness_t *h, unsigned n)
+{
+    uint8_t id[TB_WIRE_ENGINE_ID_SIZE] = {'p', 'e', 'e', 'r'};
+    eng_peer_t *p;
+
+    memcpy(id + 8, &n, sizeof(n));
+    p = tb_eng_peer_for(h->e, 0, id, true);
+    if (p && ENG_PEER_IDLE == p->state) {
+        p->known = true;
+        p->ipv4 = 0x0100007f;
+        p->state = ENG_PEER_CONNECTED;
+    }
+    return p;
+}
+
+int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,
+                  uint32_t vpid, const void *data, size_t len)
+{
+    tb_wire_erec_t *rec = tb_shm_ring_reserve(&h->to_engine[i], len);
+
+    if (NULL == rec) {
+        return -1;
+    }
+    rec->type = type;
+    rec->tag = tag;
+    rec->link = tb_wire_le16(link);
+    rec->vpid = tb_wire_le32(vpid);
+    if (len) {
+        memcpy(rec + 1, data, len);
+    }
+    (void) tb_shm_ring_commit(&h->to_engine[i]);
+    return 0;
+}
+
+unsigned eh_rank_read(eng_harness_t *h, unsigned i, unsigned max, uint8_t type,
+                      unsigned *counted)
+{
+    tb_shm_ring_t *r = &h->from_engine[i];
+    unsigned n = 0;
+
+    if (counted) {
+        *counted = 0;
+    }
+    while (n < max) {
+        tb_wire_erec_t hdr;
+        uint64_t end;
+        if (NULL == tb_shm_ring_next(r, &hdr, &end)) {
+            break;
+        }
+        if (counted && hdr.type == type) {
+            (*counted)++;
+        }
+        tb_shm_ring_release_to(r, end);
+        n++;
+    }
+    return n;
+}
+
+void eh_progress(eng_harness_t *h)
+{
+    tb_engine_t *e = h->e;
+
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
+        eng_rank_t *r = &e->ranks[i];
+        if (ENG_RANK_ATTACHED == r->state) {
+            (void) tb_eng_rank_tx_progress(r);
+            (void) tb_eng_rank_flush_overflow(r);
+            (void) tb_eng_rank_credit_progress(r);
+        }
+    }
+    (void) tb_eng_peers_progress(e, tb_now_ns());
+}
+
+const char *eh_check(const eng_harness_t *h)
+{
+    const tb_engine_t *e = h->e;
+    /* A bound is checked before a message is taken, so one message (at
+     * most a record) may go past it. */
+    const uint64_t slack = ENG_MSG_COST(TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t));
+
+    for (unsigned i = 0; i < e->rank_hwm; ++i) {
+        const eng_rank_t *r = &e->ranks[i];
+        uint64_t ovf = 0;
+        if (ENG_RANK_ATTACHED != r->state) {
+            continue;
+        }
+        for (const eng_msg_t *m = r->ovf_head; m; m = m->next) {
+            ovf += ENG_MSG_COST(m->len);
+        }
+        if (ovf != r->ovf_bytes) {
+            return "a rank's held records are not what it counts";
+        }
+        if (r->held_bytes > e->p.held_max + slack) {
+            return "a rank's messages waiting for credit exceed held_max";
+        }
+        /* Held for it: from this host's ranks up to held_max, from each peer
+         * engine up to its credit window, and notices (one per rank or peer
+         * gone, of at most 256 bytes). */
+        if (r->ovf_bytes > e->p.held_max + slack + e->npeers * (e->p.credit_window + slack)
+                               + (e->npeers + 1) * ENG_MAX_RANKS * ENG_MSG_COST(256)) {
+            return "what the engine holds for a rank exceeds its bounds";
+        }
+    }
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        const eng_peer_t *p = e->peers[i];
+        uint64_t notices = 0;
+        if (p->ndst > ENG_MAX_RANKS || p->ngone > ENG_MAX_RANKS) {
+            return "a peer's tables grew past what one engine serves";
+        }
+        for (unsigned s = 0; s < ENG_MAX_RANKS; ++s) {
+            if (p->delivered[s] > e->p.credit_window + slack) {
+                return "a peer delivered past the credit window";
+            }
+        }
+        for (const eng_msg_t *m = p->notice_head; m; m = m->next) {
+            notices++;
+        }
+        if (notices > ENG_MAX_RANKS) {
+            return "a peer holds more notices than there are ranks";
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,51 @@
+/*
+ * A host engine assembled in memory for tests and fuzzing: the real daemon
+ * code (engine/daemon) with one device that has no queue pairs, a few ranks
+ * whose rings are plain memory, and peer engines without a channel.  What a
+ * rank writes is taken by tb_eng_rank_tx_progress, what a peer engine sends
+ * is handed to tb_eng_peer_recv, and the invariants that bound the engine's
+ * memory are checked by eh_check.
+ */
+#ifndef ENGINE_HARNESS_H
+#define ENGINE_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tb_engine_int.h"
+
+#define EH_RANKS 3
+#define EH_RING (64u * 1024u)
+
+typedef struct eng_harness {
+    tb_engine_t *e;
+    tb_device_t dev;
+    void *seg[EH_RANKS];
+    tb_shm_ring_t to_engine[EH_RANKS];   /* the ranks' side of their rings */
+    tb_shm_ring_t from_engine[EH_RANKS];
+} eng_harness_t;
+
+/* An engine with default parameters and ranks of vpids 0..EH_RANKS-1
+ * attached; 0 or -1. */
+int eh_init(eng_harness_t *h);
+void eh_fini(eng_harness_t *h);
+
+/* Peer engine n over the device, connected as far as the engine knows. */
+eng_peer_t *eh_peer(eng_harness_t *h, unsigned n);
+
+/* Rank i writes a record (0, or -1 when its ring is full). */
+int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,
+                  uint32_t vpid, const void *data, size_t len);
+
+/* Rank i reads what the engine wrote it, at most max records: the number
+ * read, and of those the number of type (if counted is not NULL). */
+unsigned eh_rank_read(eng_harness_t *h, unsigned i, unsigned max, uint8_t type,
+                      unsigned *counted);
+
+/* One pass of the engine over its ranks and peers. */
+void eh_progress(eng_harness_t *h);
+
+/* NULL, or which bound on held memory is broken. */
+const char *eh_check(const eng_harness_t *h);
+
+#endif /* ENGINE_HARNESS_H */
