@@ -1,0 +1,121 @@
+/*
+ * Fuzz target: the host engine driven by hostile ranks and peer engines, on
+ * an engine assembled in memory (engine_harness.h).  Each step is one of:
+ * a rank writes a record (SEND, ROUTE, BYE, or an unknown type) into its
+ * ring, a peer engine sends a message (any tag, header and payload), a rank
+ * reads what the engine wrote it, or the engine makes a pass.  After every
+ * step the bounds on what the engine holds are checked (eh_check): the
+ * sanitizers find memory faults, the check finds memory that grows.
+ *
+ * Input: steps, each an opcode byte and its operands (see below).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_harness.h"
+#include "fuzz_common.h"
+
+#define PEERS 2
+
+static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
+{
+    static const uint8_t types[] = {TB_EREC_SEND, TB_EREC_ROUTE, TB_EREC_BYE, 0x7f};
+    unsigned i = fuzz_u8(in) % EH_RANKS;
+    uint8_t type = types[fuzz_u8(in) % sizeof(types)];
+    uint8_t tag = fuzz_u8(in);
+    uint16_t link = fuzz_u16(in) % 8;
+    uint32_t vpid = fuzz_u8(in);
+    uint8_t buf[512];
+    size_t len = fuzz_u16(in) % sizeof(buf);
+
+    if (TB_EREC_ROUTE == type) {
+        tb_wire_eroute_t rt;
+        /* A route to a rank of this host, to a peer of the harness, or to
+         * an engine nobody knows. */
+        len = fuzz_bytes(in, &rt, sizeof(rt)) == sizeof(rt) ? sizeof(rt) : len;
+        switch (rt.reserved3 % 3) {
+        case 0:
+            memcpy(rt.engine_id, h->e->id, sizeof(rt.engine_id));
+            break;
+        case 1:
+            memcpy(rt.engine_id, eh_peer(h, 1)->id, sizeof(rt.engine_id));
+            break;
+        default:
+            break;
+        }
+        rt.reserved3 = 0;
+        rt.dev %= 2;
+        memcpy(buf, &rt, sizeof(rt));
+    } else {
+        (void) fuzz_bytes(in, buf, len);
+    }
+    (void) eh_rank_write(h, i, type, tag, link, vpid, buf, len);
+}
+
+static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
+{
+    eng_peer_t *p = eh_peer(h, 1 + fuzz_u8(in) % PEERS);
+    uint8_t tag = fuzz_u8(in) % 5;
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 512];
+    tb_wire_emsg_t m;
+    size_t len = fuzz_u16(in) % 512;
+
+    (void) fuzz_bytes(in, &m, sizeof(m));
+    /* Mostly well-formed, so the checks behind the parser are reached. */
+    if (fuzz_u8(in) & 1) {
+        memset(m.reserved, 0, sizeof(m.reserved));
+        m.flags &= TB_EMSG_F_HOST;
+        m.dst = tb_wire_le32(tb_wire_le32(m.dst) % (EH_RANKS + 1));
+        if (TB_ETAG_CREDIT != tag) {
+            m.credit = 0;
+        }
+    }
+    memcpy(buf, &m, sizeof(m));
+    len = TB_ETAG_CREDIT == tag ? 0 : len;
+    (void) fuzz_bytes(in, buf + sizeof(m), len);
+    if (ENG_PEER_CONNECTED == p->state) {
+        tb_eng_peer_recv(p, tag, buf, sizeof(m) + len);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int quiet;
+    eng_harness_t h;
+    fuzz_in_t in;
+    const char *broken;
+
+    if (!quiet) {
+        tb_log_set_sink(fuzz_log_sink, NULL, TB_LOG_TRACE);
+        quiet = 1;
+    }
+    FUZZ_ASSERT(0 == eh_init(&h), "the harness could not be set up");
+    fuzz_in_init(&in, data, size);
+    for (unsigned step = 0; in.left > 0 && step < 2000; ++step) {
+        uint8_t op = fuzz_u8(&in);
+        unsigned n;
+        switch (op % 4) {
+        case 0:
+            rank_writes(&h, &in);
+            break;
+        case 1:
+            peer_sends(&h, &in);
+            break;
+        case 2:
+            n = fuzz_u8(&in);
+            (void) eh_rank_read(&h, n % EH_RANKS, 1 + n / EH_RANKS, 0, NULL);
+            break;
+        default:
+            n = 1 + fuzz_u8(&in) % 4;
+            while (n--) {
+                eh_progress(&h);
+            }
+            break;
+        }
+        broken = eh_check(&h);
+        FUZZ_ASSERT(NULL == broken, "%s", broken);
+    }
+    eh_fini(&h);
+    return 0;
+}
