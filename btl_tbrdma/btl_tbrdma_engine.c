@@ -86,6 +86,22 @@ static void free_args(char **a)
     free(a);
 }
 
+/* The job's name for its directory on this host.  Its 32-bit jobid alone
+ * can be the same for two jobs of one user (Open MPI hashes the launcher's
+ * identity into it), and two jobs must never share an engine, its key and
+ * its rings: the job's session directory, which the launcher makes per job
+ * and host (its pid in the path), tells them apart. */
+static void job_name(char *job, size_t len)
+{
+    const char *session = opal_process_info.job_session_dir;
+    uint32_t h = 2166136261u;
+
+    for (const char *s = session ? session : ""; *s; ++s) {
+        h = (h ^ (uint8_t) *s) * 16777619u;
+    }
+    snprintf(job, len, "%08x%08x", (unsigned) OPAL_PROC_MY_NAME.jobid, (unsigned) h);
+}
+
 int mca_btl_tbrdma_engine_start(char *err, size_t errlen)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
@@ -98,7 +114,7 @@ int mca_btl_tbrdma_engine_start(char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return TB_ECLIENT_ERROR;
     }
-    snprintf(job, sizeof(job), "%08x", (unsigned) OPAL_PROC_MY_NAME.jobid);
+    job_name(job, sizeof(job));
     memset(&p, 0, sizeof(p));
     p.tmpdir = getenv("TMPDIR");
     p.job = job;
