@@ -226,7 +226,10 @@ _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header la
  * over the same path.
  */
 #define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
-#define TB_WIRE_MODEX_VERSION 3
+/* Version 4: the host engines count credit as engine protocol version 3 does
+ * (engine/tb_eproto.h); engines meet only through their ranks' modex, so
+ * this is what keeps engines of different versions apart. */
+#define TB_WIRE_MODEX_VERSION 4
 #define TB_WIRE_ENGINE_ID_SIZE 16
 
 enum {

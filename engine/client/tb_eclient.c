@@ -260,17 +260,20 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
     for (;;) {
         fd = tb_usock_connect(sock);
         if (fd >= 0) {
-            uid_t uid;
+            uid_t uid = (uid_t) -1;
             pid_t pid;
             /* Only an engine of this user gets the job's key and rings. */
-            if (0 != tb_usock_peer(fd, &uid, &pid) || uid != getuid()) {
+            if (0 != tb_usock_peer(fd, &uid, &pid)) {
+                snprintf(err, errlen, "cannot tell who listens on %s: %s", sock, strerror(errno));
+            } else if (uid != getuid()) {
                 snprintf(err, errlen, "the process listening on %s is not this user's (uid %d): "
                          "remove the directory %s", sock, (int) uid, dir);
-                close(fd);
-                fd = -1;
-                goto out;
+            } else {
+                break;
             }
-            break;
+            close(fd);
+            fd = -1;
+            goto out;
         }
         if (!spawned && !engine_alive(dir)) {
             /* Nobody listens: a dead engine's socket, or none yet.  (A live

@@ -33,9 +33,12 @@
 #define ENG_ROUTE_LOCAL(dev) ((int16_t) (-2 - (int) (dev)))
 #define ENG_ROUTE_LOCAL_DEV(route) ((unsigned) (-2 - (int) (route)))
 #define ENG_TXQ 1024
-/* Slots of a peer's table of destination ranks (twice the most ranks one
- * engine serves, so probes stay short). */
-#define ENG_DST_HASH (2 * ENG_MAX_RANKS)
+/* A peer's table of destination ranks: room for the ranks one engine serves
+ * twice over, since ranks add to it on their word (one rank may have at most
+ * ENG_MAX_RANKS of them), and twice as many hash slots so probes stay short. */
+#define ENG_DST_MAX (2 * ENG_MAX_RANKS)
+#define ENG_DST_HASH (2 * ENG_DST_MAX)
+#define ENG_DST_NOBODY 0xffu
 /* Connection setup to another engine is tried this often (backing off from
  * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
  * job's key yet, or may be starting. */
@@ -135,13 +138,15 @@ struct eng_rank {
 };
 
 /* Credit toward one rank behind a peer engine.  An engine serves at most
- * ENG_MAX_RANKS ranks, so a peer has at most that many: the table's size is
- * fixed, whatever vpids the ranks name. */
+ * ENG_MAX_RANKS ranks: the table's size is fixed (ENG_DST_MAX), whatever
+ * vpids the ranks name; one with nothing in flight or waiting can be
+ * forgotten to make room. */
 typedef struct eng_dst {
     uint32_t vpid;
     uint32_t used;    /* bytes in flight (tb_ecredit_cost) */
     uint32_t nwait;   /* messages waiting for credit */
     uint32_t blocked; /* a mark for the scan of the waiting list */
+    uint8_t adder;    /* the slot of the rank that named it, ENG_DST_NOBODY once it left */
 } eng_dst_t;
 
 typedef enum {
@@ -169,7 +174,7 @@ struct eng_peer {
     uint8_t gid[16];
     /* The ranks behind it that this host's ranks send to, and where each is
      * in dst (index + 1; 0: free), by vpid. */
-    eng_dst_t dst[ENG_MAX_RANKS];
+    eng_dst_t dst[ENG_DST_MAX];
     unsigned ndst;
     uint8_t dst_slot[ENG_DST_HASH];
     uint32_t scan_gen;
@@ -178,6 +183,8 @@ struct eng_peer {
     /* Notices (a rank gone) the channel had no room for: sent before
      * anything else once it has. */
     eng_msg_t *notice_head, *notice_tail;
+    unsigned nnotices;
+    bool notices_full; /* said once that more were not kept */
     /* The ranks it said are gone: each is told to this host's ranks once,
      * and an engine serves at most ENG_MAX_RANKS, so more is a lie. */
     uint32_t gone[ENG_MAX_RANKS];

@@ -134,7 +134,7 @@ int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len);
 static void chan_send_done(void *ctx, void *cookie, int status);
 static void chan_error(void *ctx, int status, const char *why);
-static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, bool add);
+static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder);
 
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add)
 {
@@ -199,7 +199,7 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
             p->e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
         }
         /* Held only once its destination had its place (tb_eng_send). */
-        dst_of(p, m->vpid, false)->nwait--;
+        dst_of(p, m->vpid, -1)->nwait--;
         free(m);
     }
 }
@@ -208,6 +208,7 @@ static void drop_notices(eng_peer_t *p)
 {
     eng_msg_t *m;
 
+    p->nnotices = 0;
     while ((m = p->notice_head)) {
         p->notice_head = m->next;
         free(m);
@@ -433,30 +434,71 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
 
 /* ---- credit -------------------------------------------------------------- */
 
-/* Rank vpid behind p, added when add is set and there is room; NULL if it is
- * not there (or there is no room: more ranks than one engine serves). */
-static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, bool add)
+static unsigned dst_hash(uint32_t vpid)
 {
-    unsigned h = (unsigned) ((vpid * 2654435761u) >> 16) % ENG_DST_HASH;
+    return (unsigned) ((vpid * 2654435761u) >> 16) % ENG_DST_HASH;
+}
 
-    for (unsigned k = 0; k < ENG_DST_HASH; ++k, h = (h + 1) % ENG_DST_HASH) {
-        eng_dst_t *d;
-        if (0 == p->dst_slot[h]) {
-            if (!add || p->ndst == ENG_MAX_RANKS) {
-                return NULL;
-            }
-            d = &p->dst[p->ndst++];
-            memset(d, 0, sizeof(*d));
-            d->vpid = vpid;
-            p->dst_slot[h] = (uint8_t) p->ndst;
-            return d;
+/* Forget the destinations with nothing in flight or waiting (their credit
+ * is all back): true if any went. */
+static bool dst_reclaim(eng_peer_t *p)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < p->ndst; ++i) {
+        if (p->dst[i].used || p->dst[i].nwait) {
+            p->dst[n++] = p->dst[i];
         }
+    }
+    if (n == p->ndst) {
+        return false;
+    }
+    p->ndst = n;
+    memset(p->dst_slot, 0, sizeof(p->dst_slot));
+    for (unsigned i = 0; i < n; ++i) {
+        unsigned h = dst_hash(p->dst[i].vpid);
+        while (p->dst_slot[h]) {
+            h = (h + 1) % ENG_DST_HASH;
+        }
+        p->dst_slot[h] = (uint8_t) (i + 1);
+    }
+    return true;
+}
+
+/* Rank vpid behind p; with adder >= 0 (the slot of the rank that sends to
+ * it), added if it is not there yet.  NULL if it is not there, or cannot be
+ * added: that rank named ENG_MAX_RANKS others already (no engine serves
+ * more), or the table is full of destinations with credit out. */
+static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder)
+{
+    unsigned h = dst_hash(vpid), mine = 0;
+    eng_dst_t *d;
+
+    for (unsigned k = 0; k < ENG_DST_HASH && p->dst_slot[h]; ++k, h = (h + 1) % ENG_DST_HASH) {
         d = &p->dst[p->dst_slot[h] - 1];
         if (d->vpid == vpid) {
             return d;
         }
     }
-    return NULL;
+    if (adder < 0) {
+        return NULL;
+    }
+    for (unsigned i = 0; i < p->ndst; ++i) {
+        mine += p->dst[i].adder == (unsigned) adder;
+    }
+    if (mine >= ENG_MAX_RANKS || (ENG_DST_MAX == p->ndst && !dst_reclaim(p))) {
+        return NULL;
+    }
+    h = dst_hash(vpid);
+    while (p->dst_slot[h]) {
+        h = (h + 1) % ENG_DST_HASH;
+    }
+    d = &p->dst[p->ndst++];
+    memset(d, 0, sizeof(*d));
+    d->vpid = vpid;
+    d->adder = (uint8_t) adder;
+    p->dst_slot[h] = (uint8_t) p->ndst;
+    return d;
 }
 
 /* One message may always be in flight, whatever its size.  Credit counts
@@ -522,7 +564,20 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
         free(m);
         return false;
     }
+    /* One per rank of this host that died: more comes only from processes
+     * attaching and dying again and again, and is not kept. */
+    if (p->nnotices >= 2 * ENG_MAX_RANKS) {
+        if (!p->notices_full) {
+            TB_WARN("more than %d ranks of this host died while the engine at %s was not "
+                    "connected: the rest are not told to it", 2 * ENG_MAX_RANKS,
+                    p->e->devs[p->dev].dev->name);
+            p->notices_full = true;
+        }
+        free(m);
+        return true;
+    }
     tb_eng_msg_append(&p->notice_head, &p->notice_tail, m);
+    p->nnotices++;
     return true;
 }
 
@@ -575,7 +630,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_consumed(r, end);
         return 1;
     }
-    d = dst_of(p, h->vpid, true);
+    d = dst_of(p, h->vpid, (int) r->slot);
     if (NULL == d) {
         tb_eng_rank_fail(r, "it sends to more ranks behind one engine than an engine serves");
         return 1;
@@ -661,7 +716,7 @@ static int send_waiting(eng_peer_t *p)
     p->credit_changed = false;
     p->scan_gen++;
     while ((m = *pp)) {
-        eng_dst_t *d = dst_of(p, m->vpid, false);
+        eng_dst_t *d = dst_of(p, m->vpid, -1);
         size_t len = m->len - sizeof(tb_wire_emsg_t);
         if (taken >= ENG_TX_SHARE) {
             /* The rest in the next pass (see rank_tx_progress). */
@@ -730,6 +785,7 @@ static int send_notices(eng_peer_t *p)
         }
         /* The channel's now: freed at its completion. */
         p->notice_head = m->next;
+        p->nnotices--;
         if (NULL == p->notice_head) {
             p->notice_tail = NULL;
         }
@@ -862,7 +918,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
                          src, payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
-        if (NULL != (d = dst_of(p, dst, false))) {
+        if (NULL != (d = dst_of(p, dst, -1))) {
             uint32_t c = tb_wire_le32(h.credit);
             d->used -= c < d->used ? c : d->used;
             p->credit_changed = true;
@@ -922,6 +978,11 @@ void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
         eng_peer_t *p = e->peers[i];
         p->ret[r->slot] = 0;
         p->delivered[r->slot] = 0;
+        for (unsigned k = 0; k < p->ndst; ++k) {
+            if (p->dst[k].adder == r->slot) {
+                p->dst[k].adder = ENG_DST_NOBODY;
+            }
+        }
         for (eng_msg_t *m = p->wait_head; m; m = m->next) {
             if (m->src_slot == (int) r->slot) {
                 m->src_slot = -1;

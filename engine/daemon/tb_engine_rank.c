@@ -231,6 +231,12 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         return 0;
     }
     if (!(r->named[peer->idx / 8] & (1u << (peer->idx % 8)))) {
+        /* Counted whoever made the peer (another rank, or the engine at
+         * the other end dialling first). */
+        if (r->nnamed >= ENG_RANK_MAX_PEERS) {
+            tb_eng_rank_fail(r, "it named more engines than one rank may (ENG_RANK_MAX_PEERS)");
+            return 0;
+        }
         r->named[peer->idx / 8] |= (uint8_t) (1u << (peer->idx % 8));
         r->nnamed++;
     }

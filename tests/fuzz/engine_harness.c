@@ -183,7 +183,7 @@ const char *eh_check(const eng_harness_t *h)
     for (unsigned i = 0; i < e->npeers; ++i) {
         const eng_peer_t *p = e->peers[i];
         uint64_t notices = 0;
-        if (p->ndst > ENG_MAX_RANKS || p->ngone > ENG_MAX_RANKS) {
+        if (p->ndst > ENG_DST_MAX || p->ngone > ENG_MAX_RANKS) {
             return "a peer's tables grew past what one engine serves";
         }
         for (unsigned s = 0; s < ENG_MAX_RANKS; ++s) {
@@ -194,7 +194,7 @@ const char *eh_check(const eng_harness_t *h)
         for (const eng_msg_t *m = p->notice_head; m; m = m->next) {
             notices++;
         }
-        if (notices > ENG_MAX_RANKS) {
+        if (notices != p->nnotices || notices > 2 * ENG_MAX_RANKS) {
             return "a peer holds more notices than there are ranks";
         }
     }

@@ -579,9 +579,9 @@ static void bogus_route(tb_eclient_t *c, uint16_t route, uint32_t n)
 START_TEST(hostile_destinations)
 {
     tb_eclient_params_t p;
-    tb_eclient_t *c0 = NULL;
+    tb_eclient_t *c0 = NULL, *c1 = NULL;
     tb_engine_t *e;
-    struct seen s0 = {0};
+    struct seen s0 = {0}, s1 = {0};
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     pthread_t th;
     char err[512], dir[400];
@@ -590,6 +590,8 @@ START_TEST(hostile_destinations)
     e = start_engine("job9", 15, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
     params(&p, "job9", 0, NULL);
     ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    params(&p, "job9", 1, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
     bogus_route(c0, 0, 1);
     for (uint32_t v = 0; v < ENG_MAX_RANKS; ++v) {
         ck_assert_int_eq(tb_eclient_sendv(c0, 0, (1u << 22) - 1 - v * 4099, 1, &iov, 1), 0);
@@ -599,6 +601,13 @@ START_TEST(hostile_destinations)
     ck_assert_int_eq(tb_eclient_sendv(c0, 0, 12345, 1, &iov, 1), 0);
     progress_until(c0, &s0, heard_lost);
     ck_assert_msg(s0.lost, "kept a rank that sends to more ranks behind one engine than it serves");
+    /* Its made-up destinations, with messages waiting for them, do not keep
+     * another rank from sending to a real one behind the same engine. */
+    bogus_route(c1, 0, 1);
+    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 5, 1, &iov, 1), 0);
+    progress_until(c1, &s1, heard_lost);
+    ck_assert_msg(!s1.lost, "a rank was dropped because another named many destinations");
+    tb_eclient_detach(c1);
     tb_eclient_detach(c0);
     pthread_join(th, NULL);
     tb_engine_destroy(e);
@@ -655,6 +664,8 @@ START_TEST(attach_foreign_listener)
     pid_t child;
 
     if (0 != getuid()) {
+        fprintf(stderr, "attach_foreign_listener: skipped (needs root to listen as another "
+                        "user)\n");
         return;
     }
     make_tmpdir();
@@ -732,7 +743,7 @@ static void *flood_doorbells(void *arg)
 
     memset(bytes, TB_EDOORBELL, sizeof(bytes));
     while (atomic_load(&flooding)) {
-        if (write(fd, bytes, sizeof(bytes)) < 0) {
+        if (send(fd, bytes, sizeof(bytes), MSG_NOSIGNAL) < 0) {
             break;
         }
     }
@@ -759,7 +770,7 @@ START_TEST(hostile_doorbells)
     for (int i = 0; i < 8; ++i) {
         ck_assert_int_eq(pthread_create(&writers[i], NULL, flood_doorbells, &fd), 0);
     }
-    usleep(3000000);
+    usleep(4000000);
     atomic_store(&flooding, false);
     shutdown(fd, SHUT_WR);
     for (int i = 0; i < 8; ++i) {
@@ -767,7 +778,8 @@ START_TEST(hostile_doorbells)
     }
     close(fd);
     pthread_join(th, NULL);
-    ck_assert_msg(e->max_ns[ENG_PH_GAP] < 300000000ull,
+    /* Before, the gap was the whole flood; now a pass, or an idle sleep. */
+    ck_assert_msg(e->max_ns[ENG_PH_GAP] < 1000000000ull,
                   "the engine polled no device for %llu ms while a rank flooded its socket",
                   (unsigned long long) (e->max_ns[ENG_PH_GAP] / 1000000u));
     tb_engine_destroy(e);
@@ -778,9 +790,8 @@ static atomic_uint warnings;
 
 static void count_warnings(tb_log_level_t level, const char *msg, void *ctx)
 {
-    (void) msg;
     (void) ctx;
-    if (level <= TB_LOG_WARN) {
+    if (level <= TB_LOG_WARN && NULL != strstr(msg, "job key")) {
         atomic_fetch_add(&warnings, 1);
     }
 }
