@@ -183,6 +183,19 @@ static void params(tb_eclient_params_t *p, const char *job, uint32_t vpid, char 
     p->timeout_ns = 10000000000ull;
 }
 
+/* Rank vpid of job, attached to its engine (which must take it). */
+static tb_eclient_t *attach_ok(const char *job, uint32_t vpid)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    char err[512];
+
+    params(&p, job, vpid, NULL);
+    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c, err, sizeof(err)), "rank %u: %s",
+                  (unsigned) vpid, err);
+    return c;
+}
+
 /* Without a device the engine starts, tells every rank why, and goes,
  * removing the job's directory. */
 /* A job's directory holding names, last changed age seconds ago. */
@@ -427,21 +440,18 @@ static bool heard_lost(const struct seen *s)
  * others hear it gone. */
 START_TEST(local_routes_host_flag)
 {
-    tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL, *c1 = NULL;
     tb_engine_t *e;
     tb_wire_eroute_t rt;
     struct seen s0 = {0}, s1 = {0};
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     pthread_t th;
-    char err[512], dir[400];
+    char dir[400];
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job4", 9, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
-    params(&p, "job4", 0, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
-    params(&p, "job4", 1, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    c0 = attach_ok("job4", 0);
+    c1 = attach_ok("job4", 1);
 
     memset(&rt, 0, sizeof(rt));
     memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
@@ -485,12 +495,11 @@ START_TEST(attach_vpid_once)
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job5", 11, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    c0 = attach_ok("job5", 3);
     params(&p, "job5", 3, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
     ck_assert_int_eq(tb_eclient_attach(&p, &c1, err, sizeof(err)), TB_ECLIENT_ERROR);
     ck_assert_msg(NULL != strstr(err, "rank 3 is attached already"), "why: %s", err);
-    params(&p, "job5", 4, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c2, err, sizeof(err)), "%s", err);
+    c2 = attach_ok("job5", 4);
     tb_eclient_detach(c0);
     tb_eclient_detach(c2);
     pthread_join(th, NULL);
@@ -504,13 +513,12 @@ END_TEST
  * held empty messages without end).  The sender is held back instead. */
 START_TEST(hostile_empty_sends)
 {
-    tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL, *c1 = NULL;
     tb_engine_t *e;
     tb_wire_eroute_t rt;
     struct seen s0 = {0};
     pthread_t th;
-    char err[512], dir[400];
+    char dir[400];
     uint64_t sent = 0, t0, blocked_since = 0;
     /* The sender's ring and the reader's, full of empty records, and what
      * the engine may hold beyond them (held_max, default 8 MiB, at the cost
@@ -520,10 +528,8 @@ START_TEST(hostile_empty_sends)
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job6", 12, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
-    params(&p, "job6", 0, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
-    params(&p, "job6", 1, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    c0 = attach_ok("job6", 0);
+    c1 = attach_ok("job6", 1);
     memset(&rt, 0, sizeof(rt));
     memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
     ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
@@ -578,20 +584,17 @@ static void bogus_route(tb_eclient_t *c, uint16_t route, uint32_t n)
  * MiB for a vpid near 4M, per peer a rank made up). */
 START_TEST(hostile_destinations)
 {
-    tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL, *c1 = NULL;
     tb_engine_t *e;
     struct seen s0 = {0}, s1 = {0};
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     pthread_t th;
-    char err[512], dir[400];
+    char dir[400];
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job9", 15, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
-    params(&p, "job9", 0, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
-    params(&p, "job9", 1, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    c0 = attach_ok("job9", 0);
+    c1 = attach_ok("job9", 1);
     bogus_route(c0, 0, 1);
     for (uint32_t v = 0; v < ENG_MAX_RANKS; ++v) {
         ck_assert_int_eq(tb_eclient_sendv(c0, 0, (1u << 22) - 1 - v * 4099, 1, &iov, 1), 0);
@@ -620,20 +623,17 @@ END_TEST
  * had named 256). */
 START_TEST(hostile_engine_names)
 {
-    tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL, *c1 = NULL;
     tb_engine_t *e;
     struct seen s0 = {0}, s1 = {0};
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     pthread_t th;
-    char err[512], dir[400];
+    char dir[400];
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job10", 16, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
-    params(&p, "job10", 0, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
-    params(&p, "job10", 1, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
+    c0 = attach_ok("job10", 0);
+    c1 = attach_ok("job10", 1);
     for (uint32_t n = 0; n < ENG_MAX_PEERS; ++n) {
         bogus_route(c0, (uint16_t) n, n);
     }
@@ -800,19 +800,17 @@ static void count_warnings(tb_log_level_t level, const char *msg, void *ctx)
  * engine says so once a second, with a count, not once per record. */
 START_TEST(hostile_jobkeys)
 {
-    tb_eclient_params_t p;
     tb_eclient_t *c0 = NULL;
     tb_engine_t *e;
     pthread_t th;
-    char err[512], dir[400];
+    char dir[400];
     uint8_t first[TB_WIRE_SECRET_SIZE] = {1}, other[TB_WIRE_SECRET_SIZE] = {2};
     unsigned sent = 0;
     uint64_t t0;
 
     setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
     e = start_engine("job8", 14, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
-    params(&p, "job8", 0, NULL);
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c0, err, sizeof(err)), "%s", err);
+    c0 = attach_ok("job8", 0);
     tb_log_set_sink(count_warnings, NULL, TB_LOG_WARN);
     ck_assert_int_eq(tb_eclient_jobkey(c0, first), 0);
     t0 = tb_now_ns();
