@@ -22,7 +22,6 @@
 /* Receives a lane never spends on frames held after a gap: the resend that
  * fills the gap needs one, and lane-0 data needs more than CTRL_RESERVE. */
 #define HOLD_SPARE (CTRL_RESERVE + 2)
-#define WARN_INTERVAL_NS 1000000000ull
 #define REQ_CACHE 64
 #define KA_RETRY_DIV 4   /* an unanswered keepalive is repeated after peer timeout / 4 */
 
@@ -170,8 +169,7 @@ struct tb_channel {
     int in_callback;
     size_t pending;
     uint64_t pending_bytes;
-    uint64_t last_warn_ns;
-    uint64_t warn_suppressed;
+    tb_log_limit_t warn_limit; /* drops, which a peer causes at will */
     tb_tx_lane_t tx[TB_WIRE_MAX_LANES];
     tb_rx_lane_t rx[TB_WIRE_MAX_LANES];
     tb_tx_frame_t ctrl[CTRL_FRAMES];

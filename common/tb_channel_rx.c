@@ -10,16 +10,9 @@
 static void rx_drop(tb_channel_t *ch, uint64_t *counter, const char *what, unsigned lane)
 {
     (*counter)++;
-    if (ch->last_warn_ns == 0 || ch->now - ch->last_warn_ns >= WARN_INTERVAL_NS) {
-        TB_WARN("channel to peer epoch %016llx: dropped a %s frame on lane %u (%llu similar "
-                "drops not reported)",
-                (unsigned long long) ch->peer_epoch, what, lane,
-                (unsigned long long) ch->warn_suppressed);
-        ch->last_warn_ns = ch->now ? ch->now : 1;
-        ch->warn_suppressed = 0;
-    } else {
-        ch->warn_suppressed++;
-    }
+    tb_log_limited(&ch->warn_limit, ch->now, TB_LOG_WARN,
+                   "channel to peer epoch %016llx: dropped a %s frame on lane %u",
+                   (unsigned long long) ch->peer_epoch, what, lane);
 }
 
 int tb_ch_rx_repost(tb_channel_t *ch, unsigned lane, void *buf)

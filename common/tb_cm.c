@@ -146,30 +146,6 @@ int cm_all_zero(const uint8_t *p, size_t n)
     return 1;
 }
 
-/* Refusals come from the network at whatever rate a caller likes: one line
- * a second, with a count of the rest. */
-__attribute__((format(printf, 2, 3))) void cm_warn_limited(tb_cm_t *cm, const char *fmt, ...)
-{
-    char msg[256];
-    va_list ap;
-
-    if (cm->last_warn_ns != 0 && cm->now - cm->last_warn_ns < WARN_INTERVAL_NS) {
-        cm->warn_suppressed++;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (cm->warn_suppressed) {
-        TB_WARN("connection manager: %s (and %llu similar events not reported)", msg,
-                (unsigned long long) cm->warn_suppressed);
-    } else {
-        TB_WARN("connection manager: %s", msg);
-    }
-    cm->last_warn_ns = cm->now ? cm->now : 1;
-    cm->warn_suppressed = 0;
-}
-
 cm_sess_t *cm_sess_new(tb_cm_t *cm, int fd, int outgoing, uint64_t deadline)
 {
     cm_sess_t *s = calloc(1, sizeof(*s));
@@ -222,7 +198,9 @@ __attribute__((format(printf, 4, 5))) void cm_sess_finish(tb_cm_t *cm, cm_sess_t
 void cm_refuse_unproven(tb_cm_t *cm, cm_sess_t *s, const char *why)
 {
     cm->cnt.refused_unauth++;
-    cm_warn_limited(cm, "refused an unauthenticated connection request from %s: %s", s->where, why);
+    tb_log_limited(&cm->warn_limit, cm->now, TB_LOG_WARN,
+                   "connection manager: refused an unauthenticated connection request from %s: %s",
+                   s->where, why);
     cm_sess_close(s);
 }
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "tb_cm.h"
+#include "tb_log.h"
 #include "tb_wire.h"
 
 #define MAX_POLL 256
@@ -20,7 +21,6 @@
  * between every two messages (a quarter of a ping-pong's CPU time under
  * emulation went to it).  A peer's request then waits up to 1 ms. */
 #define IDLE_POLL_NS 1000000ull
-#define WARN_INTERVAL_NS 1000000000ull
 /* A responder under a flood of unproven callers may close ours to make room
  * (or time it out): dial again after this, doubling, until the deadline. */
 #define RETRY_FIRST_NS 10000000ull
@@ -102,8 +102,7 @@ struct tb_cm {
     int ncallbacks;
     uint64_t now;
     uint64_t last_poll_ns;
-    uint64_t last_warn_ns;
-    uint64_t warn_suppressed;
+    tb_log_limit_t warn_limit; /* refusals, which callers cause at will */
     cm_recent_t recent[RECENT];
     unsigned recent_next;
     tb_cm_counters_t cnt;
@@ -118,7 +117,6 @@ int cm_blob_valid(const tb_wire_addr_t *a);
 void cm_hdr_fill(tb_wire_cm_hdr_t *h, uint8_t type);
 int cm_hdr_valid(const tb_wire_cm_hdr_t *h, uint8_t type);
 int cm_all_zero(const uint8_t *p, size_t n);
-__attribute__((format(printf, 2, 3))) void cm_warn_limited(tb_cm_t *cm, const char *fmt, ...);
 cm_sess_t *cm_sess_new(tb_cm_t *cm, int fd, int outgoing, uint64_t deadline);
 void cm_sess_close(cm_sess_t *s);
 /* End the exchange, telling the owner if one is waiting. */

@@ -52,7 +52,9 @@ void cm_on_hello(tb_cm_t *cm, cm_sess_t *s)
     }
     memcpy(s->nonce_r, m->nonce, sizeof(s->nonce_r));
     if (tb_random_bytes(s->nonce_s, sizeof(s->nonce_s)) != 0) {
-        cm_warn_limited(cm, "no random source for a connection challenge: %s", strerror(errno));
+        tb_log_limited(&cm->warn_limit, cm->now, TB_LOG_WARN,
+                       "connection manager: no random source for a connection challenge: %s",
+                       strerror(errno));
         cm_sess_close(s);
         return;
     }
@@ -186,7 +188,9 @@ static int evict_unproven(tb_cm_t *cm, uint32_t ip)
         return 0;
     }
     cm->cnt.evicted++;
-    cm_warn_limited(cm, "closed a silent connection from %s to make room", victim->where);
+    tb_log_limited(&cm->warn_limit, cm->now, TB_LOG_WARN,
+                   "connection manager: closed a silent connection from %s to make room",
+                   victim->where);
     cm_sess_close(victim);
     return 1;
 }
@@ -233,7 +237,10 @@ void cm_accept_new(tb_cm_t *cm)
         }
         if (live_sessions(cm) >= cm->p.max_sessions && !evict_unproven(cm, 0)) {
             cm->cnt.refused_limit++;
-            cm_warn_limited(cm, "refused a connection from %s: too many unfinished ones", ip);
+            tb_log_limited(&cm->warn_limit, cm->now, TB_LOG_WARN,
+                           "connection manager: refused a connection from %s: too many "
+                           "unfinished ones",
+                           ip);
             close(fd);
             continue;
         }

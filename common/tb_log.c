@@ -29,6 +29,29 @@ int tb_log_enabled(tb_log_level_t level)
     return level <= log_max;
 }
 
+void tb_log_limited(tb_log_limit_t *lim, uint64_t now_ns, tb_log_level_t level, const char *fmt,
+                    ...)
+{
+    char buf[1024];
+    va_list ap;
+
+    if (lim->last_ns != 0 && now_ns - lim->last_ns < 1000000000ull) {
+        lim->suppressed++;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (lim->suppressed) {
+        tb_log(level, "%s (and %llu similar events not reported)", buf,
+               (unsigned long long) lim->suppressed);
+    } else {
+        tb_log(level, "%s", buf);
+    }
+    lim->last_ns = now_ns ? now_ns : 1;
+    lim->suppressed = 0;
+}
+
 void tb_log(tb_log_level_t level, const char *fmt, ...)
 {
     char buf[1024];

@@ -9,6 +9,7 @@
 #define TB_LOG_H
 
 #include <stdarg.h>
+#include <stdint.h>
 
 typedef enum {
     TB_LOG_ERROR = 0, /* something failed; the message says what the user can do */
@@ -27,6 +28,17 @@ void tb_log_set_sink(tb_log_sink_fn_t sink, void *ctx, tb_log_level_t max_level)
 int tb_log_enabled(tb_log_level_t level);
 
 void tb_log(tb_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A message a peer can cause as often as it likes (a refused request, a
+ * dropped frame, a repeated record): at most one a second through the same
+ * limit, the next saying how many were not reported. */
+typedef struct tb_log_limit {
+    uint64_t last_ns; /* when the last one went out (0: never) */
+    uint64_t suppressed;
+} tb_log_limit_t;
+
+void tb_log_limited(tb_log_limit_t *lim, uint64_t now_ns, tb_log_level_t level, const char *fmt,
+                    ...) __attribute__((format(printf, 4, 5)));
 
 #define TB_ERROR(...) tb_log(TB_LOG_ERROR, __VA_ARGS__)
 #define TB_WARN(...) tb_log(TB_LOG_WARN, __VA_ARGS__)

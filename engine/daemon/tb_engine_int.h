@@ -15,8 +15,9 @@
 #include "tb_device.h"
 #include "tb_domain.h"
 #include "tb_engine.h"
-#include "tb_shm_ring.h"
 #include "tb_eproto.h"
+#include "tb_log.h"
+#include "tb_shm_ring.h"
 
 #define ENG_MAX_RANKS 64
 /* Connections accepted whose attach request has not arrived yet, and how
@@ -211,8 +212,7 @@ struct tb_engine {
     uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
     uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
     bool have_key;
-    uint64_t key_warn_ns;         /* the last warning of a different job key */
-    uint64_t key_warn_suppressed; /* and how many were not reported since */
+    tb_log_limit_t key_warn; /* warnings of a different job key */
     tb_device_list_t devlist;
     bool devlist_open;
     unsigned ndev;

@@ -252,18 +252,11 @@ static void set_job_key(eng_rank_t *r, const void *key)
 
     if (e->have_key) {
         if (0 != memcmp(e->job_key, key, sizeof(e->job_key))) {
-            /* A rank may send this record as often as it likes: one line a
-             * second, with a count of the rest. */
-            uint64_t now = tb_now_ns();
-            if (0 == e->key_warn_ns || now - e->key_warn_ns >= 1000000000ull) {
-                TB_WARN("rank %u gave another job key than the first rank did; keeping the "
-                        "first (and %llu such records not reported)",
-                        (unsigned) r->vpid, (unsigned long long) e->key_warn_suppressed);
-                e->key_warn_ns = now;
-                e->key_warn_suppressed = 0;
-            } else {
-                e->key_warn_suppressed++;
-            }
+            /* A rank may send this record as often as it likes. */
+            tb_log_limited(&e->key_warn, tb_now_ns(), TB_LOG_WARN,
+                           "rank %u gave another job key than the first rank did; keeping "
+                           "the first",
+                           (unsigned) r->vpid);
         }
         return;
     }
