@@ -519,9 +519,8 @@ static void ring_doorbell(tb_eclient_t *c, char b)
 static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
                       const struct iovec *iov, int iovcnt)
 {
-    tb_wire_erec_t *rec;
     size_t len = 0;
-    uint8_t *dst;
+    int rc;
 
     if (c->lost) {
         return -EPIPE;
@@ -532,20 +531,11 @@ static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link,
     if (len > TB_ENGINE_MAX_MSG) {
         return -EMSGSIZE;
     }
-    rec = tb_shm_ring_reserve(&c->tx, len);
-    if (NULL == rec) {
+    rc = tb_shm_ring_put(&c->tx, type, tag, link, vpid, iov, iovcnt);
+    if (rc < 0) {
         return c->tx.broken ? -EPIPE : -EAGAIN;
     }
-    rec->type = type;
-    rec->tag = tag;
-    rec->link = tb_wire_le16(link);
-    rec->vpid = tb_wire_le32(vpid);
-    dst = (uint8_t *) (rec + 1);
-    for (int i = 0; i < iovcnt; ++i) {
-        memcpy(dst, iov[i].iov_base, iov[i].iov_len);
-        dst += iov[i].iov_len;
-    }
-    if (tb_shm_ring_commit(&c->tx)) {
+    if (rc > 0) {
         ring_doorbell(c, TB_EDOORBELL);
     }
     return 0;

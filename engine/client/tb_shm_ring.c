@@ -82,6 +82,34 @@ tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len)
     return rec;
 }
 
+int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
+                    const struct iovec *iov, int iovcnt)
+{
+    tb_wire_erec_t *rec;
+    uint8_t *dst;
+    size_t len = 0;
+
+    for (int i = 0; i < iovcnt; ++i) {
+        len += iov[i].iov_len;
+    }
+    rec = tb_shm_ring_reserve(r, len);
+    if (NULL == rec) {
+        return -1;
+    }
+    rec->type = type;
+    rec->tag = tag;
+    rec->link = tb_wire_le16(link);
+    rec->vpid = tb_wire_le32(vpid);
+    dst = (uint8_t *) (rec + 1);
+    for (int i = 0; i < iovcnt; ++i) {
+        if (iov[i].iov_len) {
+            memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+            dst += iov[i].iov_len;
+        }
+    }
+    return tb_shm_ring_commit(r) ? 1 : 0;
+}
+
 bool tb_shm_ring_commit(tb_shm_ring_t *r)
 {
     r->head += r->pending;

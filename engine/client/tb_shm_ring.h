@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "tb_eproto.h"
 
@@ -76,6 +77,11 @@ tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len);
 bool tb_shm_ring_commit(tb_shm_ring_t *r);
 /* Forget the reservation. */
 void tb_shm_ring_cancel(tb_shm_ring_t *r);
+/* Reserve, fill and commit one record whose payload is iov's bytes: 1 when
+ * the consumer asked for a doorbell, 0 when not, -1 when it does not fit
+ * (r->broken says whether the ring is broken). */
+int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
+                    const struct iovec *iov, int iovcnt);
 /* Producer: nothing written is still unconsumed. */
 bool tb_shm_ring_drained(tb_shm_ring_t *r);
 

@@ -18,23 +18,9 @@
 static bool rx_write(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
                      const void *a, size_t alen, const void *b, size_t blen)
 {
-    tb_wire_erec_t *rec = tb_shm_ring_reserve(&r->rx, alen + blen);
+    const struct iovec iov[2] = {{(void *) a, alen}, {(void *) b, blen}};
 
-    if (NULL == rec) {
-        return false;
-    }
-    rec->type = type;
-    rec->tag = tag;
-    rec->link = tb_wire_le16(link);
-    rec->vpid = tb_wire_le32(vpid);
-    if (alen) {
-        memcpy(rec + 1, a, alen);
-    }
-    if (blen) {
-        memcpy((uint8_t *) (rec + 1) + alen, b, blen);
-    }
-    (void) tb_shm_ring_commit(&r->rx);
-    return true;
+    return tb_shm_ring_put(&r->rx, type, tag, link, vpid, iov, 2) >= 0;
 }
 
 /* Keep the rank's credit accounting: a RECV of bytes from peer ends at the

@@ -95,20 +95,9 @@ eng_peer_t *eh_peer(eng_harness_t *h, unsigned n)
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,
                   uint32_t vpid, const void *data, size_t len)
 {
-    tb_wire_erec_t *rec = tb_shm_ring_reserve(&h->to_engine[i], len);
+    const struct iovec iov = {(void *) data, len};
 
-    if (NULL == rec) {
-        return -1;
-    }
-    rec->type = type;
-    rec->tag = tag;
-    rec->link = tb_wire_le16(link);
-    rec->vpid = tb_wire_le32(vpid);
-    if (len) {
-        memcpy(rec + 1, data, len);
-    }
-    (void) tb_shm_ring_commit(&h->to_engine[i]);
-    return 0;
+    return tb_shm_ring_put(&h->to_engine[i], type, tag, link, vpid, &iov, 1) < 0 ? -1 : 0;
 }
 
 unsigned eh_rank_read(eng_harness_t *h, unsigned i, unsigned max, uint8_t type,
