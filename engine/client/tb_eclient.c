@@ -320,6 +320,15 @@ static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t e
     return fd;
 }
 
+/* A job directory unchanged for a minute whose engine does not run. */
+static bool looks_stale(const char *dir)
+{
+    struct stat st;
+
+    return 0 == lstat(dir, &st) && S_ISDIR(st.st_mode) && time(NULL) - st.st_mtime >= 60
+           && !engine_alive(dir);
+}
+
 /* The directories of this user's earlier jobs whose engine is gone (killed,
  * so it could not clean up, or it kept its log after a fault): no live
  * socket, the lock free, nothing created or removed in it for a minute (a
@@ -330,7 +339,6 @@ static void sweep_stale(const char *base, const char *mine)
                                         TB_ENGINE_PIDFILE, TB_ENGINE_LOCK};
     char dir[600], path[700];
     struct dirent *de;
-    struct stat st;
     DIR *d = opendir(base);
 
     if (NULL == d) {
@@ -345,10 +353,7 @@ static void sweep_stale(const char *base, const char *mine)
         if (0 == strcmp(dir, mine)) {
             continue;
         }
-        if (0 != lstat(dir, &st) || !S_ISDIR(st.st_mode) || time(NULL) - st.st_mtime < 60) {
-            continue;
-        }
-        if (engine_alive(dir)) {
+        if (!looks_stale(dir)) {
             continue;
         }
         snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
@@ -368,8 +373,7 @@ static void sweep_stale(const char *base, const char *mine)
         /* Again under the lock: a rank of a new job may have started an
          * engine there between the checks above and the lock (it takes the
          * lock to start one, and its engine writes the pid file). */
-        if (!lock_is_named(lock, path) || 0 != lstat(dir, &st)
-            || time(NULL) - st.st_mtime < 60 || engine_alive(dir)) {
+        if (!lock_is_named(lock, path) || !looks_stale(dir)) {
             close(lock);
             continue;
         }
