@@ -93,13 +93,16 @@ static void free_args(char **a)
  * and host (its pid in the path), tells them apart. */
 static void job_name(char *job, size_t len)
 {
-    const char *session = opal_process_info.job_session_dir;
-    uint32_t h = 2166136261u;
+    const char *session = opal_process_info.job_session_dir ? opal_process_info.job_session_dir
+                                                            : "";
+    uint8_t h[TB_SHA256_SIZE];
+    tb_sha256_t s;
 
-    for (const char *s = session ? session : ""; *s; ++s) {
-        h = (h ^ (uint8_t) *s) * 16777619u;
-    }
-    snprintf(job, len, "%08x%08x", (unsigned) OPAL_PROC_MY_NAME.jobid, (unsigned) h);
+    tb_sha256_init(&s);
+    tb_sha256_update(&s, session, strlen(session));
+    tb_sha256_final(&s, h);
+    snprintf(job, len, "%08x%02x%02x%02x%02x", (unsigned) OPAL_PROC_MY_NAME.jobid, h[0], h[1],
+             h[2], h[3]);
 }
 
 int mca_btl_tbrdma_engine_start(char *err, size_t errlen)
