@@ -313,6 +313,15 @@ static tb_engine_t *start_engine(const char *job, uint8_t key0, const char *verb
     return e;
 }
 
+/* The same on a stand-in device that opens but makes no queue pair: this
+ * host's ranks reach each other through it, ring to ring. */
+static tb_engine_t *start_fake_engine(const char *job, uint8_t key0, char *dir, size_t dirlen,
+                                      pthread_t *th)
+{
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
+    return start_engine(job, key0, TB_FAKE_VERBS_PATH, dir, dirlen, th);
+}
+
 /* Processes that connect to the engine and say nothing neither hold up the
  * ranks that attach after them nor pile up: the engine never waits for a
  * request (it once waited 2 s for each, so 20 silent connections kept a
@@ -448,8 +457,7 @@ START_TEST(local_routes_host_flag)
     pthread_t th;
     char dir[400];
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job4", 9, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job4", 9, dir, sizeof(dir), &th);
     c0 = attach_ok("job4", 0);
     c1 = attach_ok("job4", 1);
 
@@ -493,8 +501,7 @@ START_TEST(attach_vpid_once)
     pthread_t th;
     char err[512], dir[400];
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job5", 11, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job5", 11, dir, sizeof(dir), &th);
     c0 = attach_ok("job5", 3);
     params(&p, "job5", 3, NULL);
     ck_assert_int_eq(tb_eclient_attach(&p, &c1, err, sizeof(err)), TB_ECLIENT_ERROR);
@@ -526,8 +533,7 @@ START_TEST(hostile_empty_sends)
     const uint64_t ring_records = TB_ENGINE_MIN_RING / sizeof(tb_wire_erec_t);
     const uint64_t bound = 2 * ring_records + (8u << 20) / ENG_MSG_COST(0) + 1000;
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job6", 12, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job6", 12, dir, sizeof(dir), &th);
     c0 = attach_ok("job6", 0);
     c1 = attach_ok("job6", 1);
     memset(&rt, 0, sizeof(rt));
@@ -591,8 +597,7 @@ START_TEST(hostile_destinations)
     pthread_t th;
     char dir[400];
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job9", 15, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job9", 15, dir, sizeof(dir), &th);
     c0 = attach_ok("job9", 0);
     c1 = attach_ok("job9", 1);
     bogus_route(c0, 0, 1);
@@ -630,8 +635,7 @@ START_TEST(hostile_engine_names)
     pthread_t th;
     char dir[400];
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job10", 16, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job10", 16, dir, sizeof(dir), &th);
     c0 = attach_ok("job10", 0);
     c1 = attach_ok("job10", 1);
     for (uint32_t n = 0; n < ENG_MAX_PEERS; ++n) {
@@ -762,8 +766,7 @@ START_TEST(hostile_doorbells)
     char dir[400];
     int fd;
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job7", 13, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job7", 13, dir, sizeof(dir), &th);
     fd = raw_attach(dir, 0, 13);
     (void) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     atomic_store(&flooding, true);
@@ -808,8 +811,7 @@ START_TEST(hostile_jobkeys)
     unsigned sent = 0;
     uint64_t t0;
 
-    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1", 1);
-    e = start_engine("job8", 14, TB_FAKE_VERBS_PATH, dir, sizeof(dir), &th);
+    e = start_fake_engine("job8", 14, dir, sizeof(dir), &th);
     c0 = attach_ok("job8", 0);
     tb_log_set_sink(count_warnings, NULL, TB_LOG_WARN);
     ck_assert_int_eq(tb_eclient_jobkey(c0, first), 0);

@@ -19,6 +19,14 @@ static void log_quiet(tb_log_level_t level, const char *msg, void *ctx)
     (void) ctx;
 }
 
+/* An engine in memory, quiet, and one peer engine connected to it. */
+static eng_peer_t *setup(eng_harness_t *h)
+{
+    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
+    ck_assert_int_eq(eh_init(h), 0);
+    return eh_peer(h, 1);
+}
+
 static void peer_send(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
                       const void *payload, size_t len)
 {
@@ -46,9 +54,7 @@ START_TEST(peer_gone_once)
     eng_peer_t *p;
     unsigned gone = 0;
 
-    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
-    ck_assert_int_eq(eh_init(&h), 0);
-    p = eh_peer(&h, 1);
+    p = setup(&h);
     for (int i = 0; i < 100000; ++i) {
         peer_send(p, TB_ETAG_GONE, 7000, 0, 0, "killed", 6);
         ck_assert_ptr_null(eh_check(&h));
@@ -76,9 +82,7 @@ START_TEST(peer_empty_data_bounded)
     eng_peer_t *p;
     uint64_t n = 0;
 
-    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
-    ck_assert_int_eq(eh_init(&h), 0);
-    p = eh_peer(&h, 1);
+    p = setup(&h);
     while (ENG_PEER_CONNECTED == p->state && n < 10000000) {
         peer_send(p, TB_ETAG_DATA, 7000, 0, 0, NULL, 0);
         n++;
@@ -102,9 +106,7 @@ START_TEST(peer_data_with_reader)
     unsigned got = 0, total = 0;
     uint32_t credit = 0;
 
-    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
-    ck_assert_int_eq(eh_init(&h), 0);
-    p = eh_peer(&h, 1);
+    p = setup(&h);
     for (int i = 0; i < 200000; ++i) {
         peer_send(p, TB_ETAG_DATA, 7000, 1, 0, "data", 4);
         credit += (uint32_t) tb_ecredit_cost(4);
