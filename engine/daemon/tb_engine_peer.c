@@ -439,6 +439,17 @@ static unsigned dst_hash(uint32_t vpid)
     return (unsigned) ((vpid * 2654435761u) >> 16) % ENG_DST_HASH;
 }
 
+/* Enter dst[i] in the hash (it has twice the slots of entries: one is free). */
+static void dst_place(eng_peer_t *p, unsigned i)
+{
+    unsigned h = dst_hash(p->dst[i].vpid);
+
+    while (p->dst_slot[h]) {
+        h = (h + 1) % ENG_DST_HASH;
+    }
+    p->dst_slot[h] = (uint8_t) (i + 1);
+}
+
 /* Forget the destinations with nothing in flight or waiting (their credit
  * is all back): true if any went. */
 static bool dst_reclaim(eng_peer_t *p)
@@ -456,11 +467,7 @@ static bool dst_reclaim(eng_peer_t *p)
     p->ndst = n;
     memset(p->dst_slot, 0, sizeof(p->dst_slot));
     for (unsigned i = 0; i < n; ++i) {
-        unsigned h = dst_hash(p->dst[i].vpid);
-        while (p->dst_slot[h]) {
-            h = (h + 1) % ENG_DST_HASH;
-        }
-        p->dst_slot[h] = (uint8_t) (i + 1);
+        dst_place(p, i);
     }
     return true;
 }
@@ -489,15 +496,11 @@ static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder)
     if (mine >= ENG_MAX_RANKS || (ENG_DST_MAX == p->ndst && !dst_reclaim(p))) {
         return NULL;
     }
-    h = dst_hash(vpid);
-    while (p->dst_slot[h]) {
-        h = (h + 1) % ENG_DST_HASH;
-    }
-    d = &p->dst[p->ndst++];
+    d = &p->dst[p->ndst];
     memset(d, 0, sizeof(*d));
     d->vpid = vpid;
     d->adder = (uint8_t) adder;
-    p->dst_slot[h] = (uint8_t) p->ndst;
+    dst_place(p, p->ndst++);
     return d;
 }
 
