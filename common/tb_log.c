@@ -3,6 +3,7 @@
  */
 #include "tb_log.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 
 static const char *const level_names[] = {"error", "warning", "info", "debug", "trace"};
@@ -13,20 +14,22 @@ static void default_sink(tb_log_level_t level, const char *msg, void *ctx)
     fprintf(stderr, "tbrdma %s: %s\n", level_names[level], msg);
 }
 
-static tb_log_sink_fn_t log_sink = default_sink;
-static void *log_ctx;
-static tb_log_level_t log_max = TB_LOG_WARN;
+/* Atomic: a process's keeper thread (tb_keeper.h) and an engine's test
+ * threads log while the owner may set the sink. */
+static _Atomic(tb_log_sink_fn_t) log_sink = default_sink;
+static _Atomic(void *) log_ctx;
+static _Atomic int log_max = TB_LOG_WARN;
 
 void tb_log_set_sink(tb_log_sink_fn_t sink, void *ctx, tb_log_level_t max_level)
 {
-    log_sink = sink ? sink : default_sink;
-    log_ctx = sink ? ctx : NULL;
-    log_max = max_level;
+    atomic_store_explicit(&log_ctx, sink ? ctx : NULL, memory_order_relaxed);
+    atomic_store_explicit(&log_sink, sink ? sink : default_sink, memory_order_release);
+    atomic_store_explicit(&log_max, (int) max_level, memory_order_relaxed);
 }
 
 int tb_log_enabled(tb_log_level_t level)
 {
-    return level <= log_max;
+    return (int) level <= atomic_load_explicit(&log_max, memory_order_relaxed);
 }
 
 void tb_log_limited(tb_log_limit_t *lim, uint64_t now_ns, tb_log_level_t level, const char *fmt,
@@ -63,5 +66,6 @@ void tb_log(tb_log_level_t level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    log_sink(level, buf, log_ctx);
+    atomic_load_explicit(&log_sink, memory_order_acquire)(
+        level, buf, atomic_load_explicit(&log_ctx, memory_order_relaxed));
 }
