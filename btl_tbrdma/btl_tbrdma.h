@@ -26,6 +26,7 @@
 #include "tb_modex.h"
 #include "tb_domain.h"
 #include "tb_eclient.h"
+#include "tb_keeper.h"
 #include "tb_tunables.h"
 
 BEGIN_C_DECLS
@@ -39,6 +40,10 @@ typedef enum {
 
 typedef struct mca_btl_tbrdma_cookie_t {
     int kind;
+    /* A completion the keeper held back (btl_tbrdma_held.c). */
+    struct mca_btl_tbrdma_cookie_t *held_next;
+    struct mca_btl_base_endpoint_t *held_ep;
+    int held_status;
 } mca_btl_tbrdma_cookie_t;
 
 typedef struct mca_btl_tbrdma_module_t mca_btl_tbrdma_module_t;
@@ -80,6 +85,8 @@ struct mca_btl_base_endpoint_t {
     bool route_sent;
     uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
     bool loop; /* this process itself (btl_tbrdma_loop.c) */
+    bool away_failed; /* failed while the keeper ran: ob1 is told at the next progress */
+    char away_why[256];
 };
 typedef struct mca_btl_base_endpoint_t mca_btl_base_endpoint_t;
 OBJ_CLASS_DECLARATION(mca_btl_base_endpoint_t);
@@ -122,7 +129,17 @@ typedef struct mca_btl_tbrdma_component_t {
     mca_btl_tbrdma_module_t **modules; /* the cables' modules and the host module (host set) */
     mca_btl_tbrdma_module_t *host_module;
 
-    opal_recursive_mutex_t lock; /* the channel is not thread safe */
+    opal_recursive_mutex_t lock; /* the channel is not thread safe (the keeper's lock instead
+                                  * while there is a keeper) */
+    /* The direct path: keeps the channels alive while the application is
+     * away from MPI, and what it holds back for the application
+     * (btl_tbrdma_held.c). */
+    tb_keeper_t *keeper;
+    struct tbrdma_held_msg *held_first, *held_last;
+    mca_btl_tbrdma_cookie_t *held_sends_first, *held_sends_last;
+    size_t held_bytes;
+    unsigned away_failures;
+    bool held_full_said;
     opal_free_list_t eager_frags;
     opal_free_list_t max_frags;
     size_t eager_frag_size;
@@ -190,6 +207,32 @@ _Static_assert(TBRDMA_ENGINE_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE <= TB_ENGINE_MAX_M
 
 OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 
+/* How often the keeper looks whether the application is away from MPI. */
+#define TBRDMA_KEEPER_PERIOD_NS 10000000ull
+/* The most the keeper holds for the application (messages and their headers). */
+#define TBRDMA_HELD_MAX_BYTES ((size_t) 256 << 20)
+
+/* The component's lock: the keeper's while there is one (the keeper thread
+ * needs it whatever the MPI thread level), else Open MPI's, taken only when
+ * the application uses threads. */
+static inline void mca_btl_tbrdma_lock(void)
+{
+    if (mca_btl_tbrdma_component.keeper) {
+        tb_keeper_lock(mca_btl_tbrdma_component.keeper);
+    } else {
+        OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    }
+}
+
+static inline void mca_btl_tbrdma_unlock(void)
+{
+    if (mca_btl_tbrdma_component.keeper) {
+        tb_keeper_unlock(mca_btl_tbrdma_component.keeper);
+    } else {
+        OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    }
+}
+
 extern mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template;
 
 /* Help file name for opal_show_help(). */
@@ -207,6 +250,24 @@ void mca_btl_tbrdma_show_help(const char *topic, ...);
 int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size_t errlen);
 void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module);
 int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now);
+/* The keeper's share of progress: everything but what only the application
+ * starts (queued put/get requests). */
+void mca_btl_tbrdma_module_keep(mca_btl_tbrdma_module_t *module, uint64_t now);
+
+/* btl_tbrdma_held.c: what the keeper holds back for the application. */
+bool mca_btl_tbrdma_away(void);
+void mca_btl_tbrdma_held_recv(mca_btl_base_endpoint_t *ep, uint8_t tag, const void *data,
+                              size_t len);
+void mca_btl_tbrdma_held_placed(mca_btl_base_endpoint_t *ep, uint8_t tag, const void *head,
+                                size_t skip, size_t len);
+void mca_btl_tbrdma_held_send_done(mca_btl_base_endpoint_t *ep, mca_btl_tbrdma_cookie_t *cookie,
+                                   int status);
+void mca_btl_tbrdma_held_fail(mca_btl_base_endpoint_t *ep, const char *why);
+bool mca_btl_tbrdma_held_full(void);
+int mca_btl_tbrdma_held_replay(void);
+void mca_btl_tbrdma_held_forget(mca_btl_base_endpoint_t *ep);
+void mca_btl_tbrdma_held_clear(void);
+void mca_btl_tbrdma_keeper_stop(void);
 /* A whole message from the peer, in order: hand it to ob1 or serve it. */
 void mca_btl_tbrdma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, const void *data,
                             size_t len);

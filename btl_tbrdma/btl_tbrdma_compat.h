@@ -16,12 +16,16 @@
 #    define TBRDMA_MODEX_SCOPE OPAL_PMIX_GLOBAL
 #    define TBRDMA_JOB_SIZE_KEY OPAL_PMIX_JOB_SIZE
 #    define TBRDMA_UINT32 OPAL_UINT32
+#    define TBRDMA_HOSTNAME_KEY OPAL_PMIX_HOSTNAME
+#    define TBRDMA_STRING OPAL_STRING
 #elif BTL_VERSION == 330
 #    include "opal/mca/pmix/pmix-internal.h"
 #    include "opal/mca/threads/mutex.h"
 #    define TBRDMA_MODEX_SCOPE PMIX_GLOBAL
 #    define TBRDMA_JOB_SIZE_KEY PMIX_JOB_SIZE
 #    define TBRDMA_UINT32 PMIX_UINT32
+#    define TBRDMA_HOSTNAME_KEY PMIX_HOSTNAME
+#    define TBRDMA_STRING PMIX_STRING
 #else
 #    error "tbrdma supports BTL interface 3.1.0 (Open MPI 4.1) and 3.3.0 (Open MPI 5.0)"
 #endif
@@ -43,6 +47,18 @@ static inline uint32_t tbrdma_compat_job_size(void)
 
     OPAL_MODEX_RECV_VALUE(rc, TBRDMA_JOB_SIZE_KEY, &job, &ptr, TBRDMA_UINT32);
     return OPAL_SUCCESS == rc ? size : 0;
+}
+
+/* The host of process vpid of this job, from what the launcher gave every
+ * process (no exchange); NULL if the runtime does not say.  Free it. */
+static inline char *tbrdma_compat_hostname(uint32_t vpid)
+{
+    opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
+    char *host = NULL;
+    int rc;
+
+    OPAL_MODEX_RECV_VALUE_OPTIONAL(rc, TBRDMA_HOSTNAME_KEY, &name, &host, TBRDMA_STRING);
+    return OPAL_SUCCESS == rc ? host : NULL;
 }
 
 /* Hand a received message to the callback registered for its tag: 4.1

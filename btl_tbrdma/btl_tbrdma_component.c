@@ -144,6 +144,11 @@ static int tbrdma_component_register(void)
                   "Milliseconds without any answer after which a peer (or its cable) is "
                   "declared dead and the job is told",
                   OPAL_INFO_LVL_4, &t->peer_timeout_ms);
+    register_uint("stall_timeout",
+                  "Milliseconds a peer may keep answering yet acknowledge none of the data sent "
+                  "to it (or answer no put/get, or not finish connecting) before it is declared "
+                  "broken; at least btl_tbrdma_peer_timeout",
+                  OPAL_INFO_LVL_5, &t->stall_timeout_ms);
     register_uint("rto_min",
                   "Floor, in microseconds, of the retransmit timeout of an unacknowledged "
                   "frame (the timeout follows the measured round trip and doubles on each retry)",
@@ -285,9 +290,53 @@ static int tbrdma_component_open(void)
     return OPAL_SUCCESS;
 }
 
+/* The keeper's work: the direct path's channels, while the application is
+ * away from MPI.  Past its bound on held messages it takes no more until the
+ * application drains them. */
+static void keeper_work(void *ctx, uint64_t now)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
+    (void) ctx;
+    if (mca_btl_tbrdma_held_full()) {
+        if (!c->held_full_said) {
+            c->held_full_said = true;
+            opal_output(0, "btl:tbrdma on %s: peers sent %zu MiB while this process was away "
+                        "from MPI; no more is taken until it calls MPI again, and peers may "
+                        "time out meanwhile",
+                        opal_process_info.nodename, c->held_bytes >> 20);
+        }
+        return;
+    }
+    for (int i = 0; i < c->num_modules; ++i) {
+        mca_btl_tbrdma_module_keep(c->modules[i], now);
+    }
+}
+
+/* Stop the keeper (before any module goes away); what it still holds is for
+ * an application that no longer listens. */
+void mca_btl_tbrdma_keeper_stop(void)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    tb_keeper_t *k = c->keeper;
+
+    if (NULL == k) {
+        return;
+    }
+    tb_keeper_lock(k);
+    c->keeper = NULL;
+    mca_btl_tbrdma_held_clear();
+    tb_keeper_unlock(k);
+    BTL_TBRDMA_VERBOSE(20, "the keeper ran %llu times while this process was away from MPI",
+                       (unsigned long long) tb_keeper_runs(k));
+    tb_keeper_destroy(k);
+}
+
 static int tbrdma_component_close(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+
+    mca_btl_tbrdma_keeper_stop();
 
     if (c->started) {
         mca_btl_tbrdma_frag_lists_fini();
@@ -313,7 +362,13 @@ static int tbrdma_component_progress(void)
     uint64_t now = mca_btl_tbrdma_now_ns();
     int i, n = 0;
 
-    OPAL_THREAD_LOCK(&c->lock);
+    mca_btl_tbrdma_lock();
+    if (c->keeper) {
+        tb_keeper_touch(c->keeper, now);
+        if (c->held_first || c->held_sends_first || c->away_failures) {
+            n += mca_btl_tbrdma_held_replay();
+        }
+    }
     n += mca_btl_tbrdma_loop_progress();
     if (c->engine) {
         n += mca_btl_tbrdma_engine_progress(now);
@@ -321,7 +376,7 @@ static int tbrdma_component_progress(void)
     for (i = 0; i < c->num_modules; ++i) {
         n += mca_btl_tbrdma_module_progress(c->modules[i], now);
     }
-    OPAL_THREAD_UNLOCK(&c->lock);
+    mca_btl_tbrdma_unlock();
     return n;
 }
 
@@ -493,6 +548,58 @@ static bool tbrdma_is_the_only_network(void)
 /* Host-wide conditions are reported once per host, by its first process:
  * one message is clearer than one per rank, and Open MPI 4.x can lose help
  * messages that many ranks send at once (open-mpi/ompi#8356). */
+static int compare_strings(const void *a, const void *b)
+{
+    return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+/* The most processes of this job on one host, from the launcher's map of
+ * the job, which every process reads alike; 0 if the runtime does not say. */
+static int max_procs_per_host(void)
+{
+    uint32_t size = tbrdma_compat_job_size();
+    char **hosts;
+    int most = 0, run = 0;
+
+    if (0 == size || size > (1u << 20) || NULL == (hosts = calloc(size, sizeof(*hosts)))) {
+        return 0;
+    }
+    for (uint32_t v = 0; v < size; ++v) {
+        hosts[v] = tbrdma_compat_hostname(v);
+        if (NULL == hosts[v]) {
+            size = v;
+            most = -1;
+            break;
+        }
+    }
+    if (0 == most) {
+        qsort(hosts, size, sizeof(*hosts), compare_strings);
+        for (uint32_t v = 0; v < size; ++v) {
+            run = (v > 0 && 0 == strcmp(hosts[v], hosts[v - 1])) ? run + 1 : 1;
+            most = run > most ? run : most;
+        }
+    }
+    for (uint32_t v = 0; v < size; ++v) {
+        free(hosts[v]);
+    }
+    free(hosts);
+    return most > 0 ? most : 0;
+}
+
+/* btl_tbrdma_path auto: one answer for the whole job, so that no pair of
+ * processes ends with one on each path.  The direct path needs every host's
+ * processes within its cables' queue-pair budget (two per host); anything
+ * else, or a runtime that does not say, takes the engines. */
+static bool auto_uses_engine(void)
+{
+    int most = max_procs_per_host();
+
+    BTL_TBRDMA_VERBOSE(10, "path auto: %s (at most %d processes on one host of this job; the "
+                       "direct path takes at most 2)",
+                       most > 0 && most <= 2 ? "direct" : "host engines", most);
+    return most <= 0 || most > 2;
+}
+
 static bool reports_for_host(void)
 {
     return opal_process_info.my_local_rank <= 0;
@@ -559,8 +666,7 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         return NULL;
     }
     c->use_engine = TBRDMA_PATH_ENGINE == c->path_param
-                    || (TBRDMA_PATH_AUTO == c->path_param
-                        && opal_process_info.num_local_peers + 1 > 2);
+                    || (TBRDMA_PATH_AUTO == c->path_param && auto_uses_engine());
     if (c->use_engine) {
         int rc = mca_btl_tbrdma_engine_start(err, sizeof(err));
         if (TB_ECLIENT_NODEV == rc) {
@@ -640,6 +746,14 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         opal_output(0, "btl:tbrdma on %s: %s", opal_process_info.nodename, err);
         goto free_modules;
     }
+    if (!c->use_engine) {
+        int rc = tb_keeper_create(TBRDMA_KEEPER_PERIOD_NS, keeper_work, NULL, &c->keeper);
+        if (0 != rc) {
+            opal_output(0, "btl:tbrdma on %s: no keeper thread (%s): a peer that stays away "
+                        "from MPI longer than btl_tbrdma_peer_timeout will be declared dead",
+                        opal_process_info.nodename, strerror(-rc));
+        }
+    }
     c->super.btl_progress = tbrdma_component_progress;
     /* Open MPI frees the array it is given; the component keeps its own. */
     result = malloc((size_t) c->num_modules * sizeof(*result));
@@ -653,6 +767,7 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
     return result;
 
 free_modules:
+    mca_btl_tbrdma_keeper_stop();
     for (i = 0; i < c->num_modules; ++i) {
         mca_btl_tbrdma_module_stop(c->modules[i]);
         free(c->modules[i]);

@@ -34,6 +34,8 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
     ep->route_sent = false;
     memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
     ep->loop = false;
+    ep->away_failed = false;
+    ep->away_why[0] = '\0';
 }
 
 static void endpoint_destruct(mca_btl_base_endpoint_t *ep)
@@ -81,6 +83,10 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     if (TBRDMA_EP_FAILED == ep->state) {
         return;
     }
+    if (mca_btl_tbrdma_away()) {
+        mca_btl_tbrdma_held_fail(ep, why);
+        return;
+    }
     ep->state = TBRDMA_EP_FAILED;
     cable_string(ep, cable, sizeof(cable));
     /* Straight to the output with the time it happened (show_help's
@@ -106,24 +112,44 @@ void mca_btl_tbrdma_endpoint_fail(mca_btl_base_endpoint_t *ep, const char *why)
     }
 }
 
+/* While the keeper runs, what would reach ob1 or osc is held for the
+ * application's thread; a peer's put, get or atomic is served at once. */
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
 {
+    if (mca_btl_tbrdma_away() && !tb_rma_is_request(tag)) {
+        mca_btl_tbrdma_held_recv(ctx, tag, data, len);
+        return;
+    }
     mca_btl_tbrdma_deliver(ctx, tag, data, len);
 }
 
 static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
                              size_t head_len, size_t *skip)
 {
+    if (mca_btl_tbrdma_away()) {
+        return NULL; /* assembled by the channel, then held whole */
+    }
     return mca_btl_tbrdma_rma_place(ctx, tag, len, head, head_len, skip);
 }
 
 static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len)
 {
+    if (mca_btl_tbrdma_away()) {
+        mca_btl_tbrdma_held_placed(ctx, tag, head, skip, len);
+        return;
+    }
     mca_btl_tbrdma_rma_placed(ctx, tag, head, skip, len);
 }
 
 static void chan_send_done(void *ctx, void *cookie, int status)
 {
+    mca_btl_tbrdma_cookie_t *c = cookie;
+
+    /* A reply's end concerns nobody but this component. */
+    if (mca_btl_tbrdma_away() && TBRDMA_COOKIE_REPLY != c->kind) {
+        mca_btl_tbrdma_held_send_done(ctx, c, status);
+        return;
+    }
     mca_btl_tbrdma_send_done(ctx, cookie, status);
 }
 
@@ -285,6 +311,7 @@ void mca_btl_tbrdma_endpoint_release(mca_btl_base_endpoint_t *ep)
         tb_conn_destroy(ep->conn);
         ep->conn = NULL;
     }
+    mca_btl_tbrdma_held_forget(ep);
     if (ep->loop) {
         mca_btl_tbrdma_loop_forget(ep);
     } else if (mca_btl_tbrdma_component.engine) {
@@ -436,7 +463,8 @@ int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size
     cp.id = me;
     cp.id_len = sizeof(*me);
     cp.secret = c->cm_secret;
-    cp.timeout_ns = (uint64_t) c->tunables.peer_timeout_ms * 1000000u;
+    /* TCP's own resends of a lost SYN take seconds on a lossy cable. */
+    cp.timeout_ns = tb_tunables_stall_timeout_ns(&c->tunables);
     cp.max_sessions = 256;
     rc = tb_cm_create(&cp, &cb, &module->cm);
     if (TB_CM_OK != rc) {
@@ -476,12 +504,13 @@ void mca_btl_tbrdma_module_stop(mca_btl_tbrdma_module_t *module)
 /* Put/get housekeeping, every 100 ms: replies that waited for the channel,
  * and answers that never come (a peer that drops them would keep a flush
  * waiting forever). */
-static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
+static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now, bool owner)
 {
     mca_btl_base_endpoint_t *ep, *next;
 
-    /* Requests waiting for room go out as soon as there is some. */
-    if (mca_btl_tbrdma_component.rma_unsent) {
+    /* Requests waiting for room go out as soon as there is some (the
+     * application's own: they wait for it while it is away). */
+    if (owner && mca_btl_tbrdma_component.rma_unsent) {
         OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
             mca_btl_tbrdma_rma_post_unsent(ep);
         }
@@ -503,11 +532,21 @@ int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now
     int n, m;
 
     if (NULL == module->domain) {
-        rma_progress(module, now);
+        rma_progress(module, now, true);
         return 0;
     }
     n = tb_cm_progress(module->cm, now);
     m = tb_domain_progress(module->domain, now);
-    rma_progress(module, now);
+    rma_progress(module, now, true);
     return n + (m > 0 ? m : 0);
+}
+
+void mca_btl_tbrdma_module_keep(mca_btl_tbrdma_module_t *module, uint64_t now)
+{
+    if (NULL == module->domain) {
+        return;
+    }
+    (void) tb_cm_progress(module->cm, now);
+    (void) tb_domain_progress(module->domain, now);
+    rma_progress(module, now, false);
 }

@@ -130,7 +130,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     int local_procs = (int) opal_process_info.num_local_peers + 1;
     size_t i, nreach;
 
-    OPAL_THREAD_LOCK(&c->lock);
+    mca_btl_tbrdma_lock();
     if (c->use_engine && !c->engine_key_sent) {
         (void) mca_btl_tbrdma_engine_send_job_key();
     }
@@ -165,7 +165,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
         for (i = 0; i < nprocs; ++i) {
             peers[i] = NULL;
         }
-        OPAL_THREAD_UNLOCK(&c->lock);
+        mca_btl_tbrdma_unlock();
         return OPAL_SUCCESS;
     }
     for (i = 0; i < nprocs; ++i) {
@@ -173,7 +173,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
             opal_bitmap_set_bit(reachable, (int) i);
         }
     }
-    OPAL_THREAD_UNLOCK(&c->lock);
+    mca_btl_tbrdma_unlock();
     return OPAL_SUCCESS;
 }
 
@@ -182,13 +182,13 @@ static int tbrdma_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
 {
     size_t i;
 
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     for (i = 0; i < nprocs; ++i) {
         if (peers[i]) {
             mca_btl_tbrdma_endpoint_release(peers[i]);
         }
     }
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     return OPAL_SUCCESS;
 }
 
@@ -268,9 +268,9 @@ static int tbrdma_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_en
 {
     int rc;
 
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     rc = send_frag(endpoint, (mca_btl_tbrdma_frag_t *) des, tag);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     return rc;
 }
 
@@ -302,7 +302,7 @@ static int sendi_direct(struct mca_btl_base_endpoint_t *endpoint,
     unsigned char *slot;
     int rc = OPAL_ERR_OUT_OF_RESOURCE;
 
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     slot = tb_channel_send_begin(ch, tag, header_size + payload_size);
     if (NULL != slot) {
         rc = pack_message(slot, header, header_size, convertor, payload_size);
@@ -312,7 +312,7 @@ static int sendi_direct(struct mca_btl_base_endpoint_t *endpoint,
             tb_channel_send_cancel(ch);
         }
     }
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     return rc;
 }
 
@@ -324,7 +324,7 @@ static int sendi_engine(struct mca_btl_base_endpoint_t *endpoint,
     unsigned char *slot;
     int rc = OPAL_ERR_OUT_OF_RESOURCE;
 
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     slot = mca_btl_tbrdma_engine_send_begin(endpoint, tag, header_size + payload_size);
     if (NULL != slot) {
         rc = pack_message(slot, header, header_size, convertor, payload_size);
@@ -334,7 +334,7 @@ static int sendi_engine(struct mca_btl_base_endpoint_t *endpoint,
             mca_btl_tbrdma_engine_send_cancel();
         }
     }
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     return rc;
 }
 
@@ -376,9 +376,9 @@ static int tbrdma_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
         return OPAL_ERROR;
     }
     frag->base.des_flags = MCA_BTL_DES_FLAGS_BTL_OWNERSHIP | flags;
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     rc = send_frag(endpoint, frag, tag);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     if (OPAL_SUCCESS != rc) {
         mca_btl_tbrdma_frag_return(frag);
     }
@@ -394,13 +394,13 @@ static int tbrdma_flush(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
 
     while (busy) {
         busy = false;
-        OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+        mca_btl_tbrdma_lock();
         OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
             if ((NULL == endpoint || ep == endpoint) && !opal_list_is_empty(&ep->rma_pending)) {
                 busy = true;
             }
         }
-        OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+        mca_btl_tbrdma_unlock();
         if (busy) {
             opal_progress();
         }
@@ -481,7 +481,9 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
     mca_btl_tbrdma_module_t *module = (mca_btl_tbrdma_module_t *) btl;
     int i;
 
-    OPAL_THREAD_LOCK(&c->lock);
+    /* Before any module goes: the keeper progresses them all. */
+    mca_btl_tbrdma_keeper_stop();
+    mca_btl_tbrdma_lock();
     if (!c->use_engine) {
         drain(module);
     }
@@ -495,7 +497,7 @@ static int tbrdma_finalize(struct mca_btl_base_module_t *btl)
             break;
         }
     }
-    OPAL_THREAD_UNLOCK(&c->lock);
+    mca_btl_tbrdma_unlock();
     free(module);
     return OPAL_SUCCESS;
 }

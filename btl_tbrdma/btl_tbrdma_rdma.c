@@ -278,10 +278,10 @@ static int start_locked(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *lo
 {
     int rc;
 
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     rc = start(endpoint, tag, local_address, remote_address, local_handle, remote_handle, size,
                atomic, cbfunc, cbcontext, cbdata);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     return rc;
 }
 
@@ -418,9 +418,9 @@ mca_btl_base_registration_handle_t *mca_btl_tbrdma_register_mem(mca_btl_base_mod
     if (flags & MCA_BTL_REG_FLAG_REMOTE_ATOMIC) {
         access |= TB_RMA_ACCESS_ATOMIC;
     }
-    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_lock();
     rc = tb_rma_register(&mca_btl_tbrdma_component.rma, base, size, access, &handle->key);
-    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+    mca_btl_tbrdma_unlock();
     if (0 != rc) {
         free(handle);
         return NULL;
@@ -443,7 +443,7 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
      * component closed; by then the table is gone and nothing is exposed. */
     if (c->started) {
         tbrdma_rma_reply_t *reply;
-        OPAL_THREAD_LOCK(&c->lock);
+        mca_btl_tbrdma_lock();
         (void) tb_rma_deregister(&c->rma, handle->key);
         /* The memory may be freed once this returns: answers still reading
          * it take their own copy of what is left. */
@@ -462,7 +462,7 @@ int mca_btl_tbrdma_deregister_mem(mca_btl_base_module_t *btl,
                 goto again;
             }
         }
-        OPAL_THREAD_UNLOCK(&c->lock);
+        mca_btl_tbrdma_unlock();
     }
     free(handle);
     return OPAL_SUCCESS;
@@ -690,7 +690,7 @@ void mca_btl_tbrdma_rma_deliver(mca_btl_base_endpoint_t *endpoint, uint8_t tag, 
 {
     tb_rma_msg_t m;
     int status = tb_rma_parse(tag, data, len, rma_limit(), &m);
-    bool request = TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag || TB_TAG_RMA_ATOMIC == tag;
+    bool request = tb_rma_is_request(tag);
 
     /* A malformed request with a readable header is answered, so its
      * requester hears why; anything else malformed ends the connection. */
@@ -755,7 +755,7 @@ void mca_btl_tbrdma_rma_placed(mca_btl_base_endpoint_t *endpoint, uint8_t tag, c
  * setup has its own deadline. */
 static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
 {
-    uint64_t timeout = (uint64_t) mca_btl_tbrdma_component.tunables.peer_timeout_ms * 1000000u;
+    uint64_t timeout = tb_tunables_stall_timeout_ns(&mca_btl_tbrdma_component.tunables);
 
     if (opal_list_is_empty(&endpoint->rma_pending) || NULL == endpoint->conn
         || !tb_rma_answers_overdue(now, endpoint->rma_progress_ns,
@@ -764,7 +764,7 @@ static const char *overdue(mca_btl_base_endpoint_t *endpoint, uint64_t now)
         return NULL;
     }
     return "puts or gets got no answer, and the channel to the peer moved nothing, within "
-           "btl_tbrdma_peer_timeout";
+           "btl_tbrdma_stall_timeout";
 }
 
 const char *mca_btl_tbrdma_rma_progress(mca_btl_base_endpoint_t *endpoint, uint64_t now)

@@ -383,6 +383,11 @@ static int tx_probe(tb_channel_t *ch, tb_tx_lane_t *t)
     return 1;
 }
 
+static uint64_t tb_ch_stall_timeout(const tb_channel_params_t *p)
+{
+    return p->stall_timeout_ns > p->peer_timeout_ns ? p->stall_timeout_ns : p->peer_timeout_ns;
+}
+
 static void progress_timers(tb_channel_t *ch)
 {
     uint64_t now = ch->now;
@@ -413,7 +418,7 @@ static void progress_timers(tb_channel_t *ch)
         if (t->una == t->next_seq || !tb_ch_usable(ch)) {
             continue;
         }
-        if (now - t->ack_progress_ns >= p->peer_timeout_ns) {
+        if (now - t->ack_progress_ns >= tb_ch_stall_timeout(p)) {
             tb_ch_fail(ch, TB_CHAN_EPEERDEAD,
                        "the peer acknowledged nothing on lane %u for %llu ms", l,
                        (unsigned long long) ((now - t->ack_progress_ns) / 1000000));

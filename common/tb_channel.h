@@ -87,6 +87,12 @@ typedef struct tb_channel_params {
                                                   * per silence of the peer: see
                                                   * tb_channel.c) */
     uint64_t peer_timeout_ns;                    /* silence before the peer is dead */
+    uint64_t stall_timeout_ns;                   /* a peer that answers but acknowledges
+                                                  * none of our data for this long is failed
+                                                  * (0: peer_timeout_ns).  Longer than the
+                                                  * silence deadline: on a lossy link a large
+                                                  * frame may need many resends, while a dead
+                                                  * peer or a cut cable is silence */
     unsigned max_frames_per_progress;            /* bound on posts per progress call */
     uint64_t max_queued_bytes;                   /* bytes of sends not yet completed, and */
     unsigned max_queued_msgs;                    /* their number, beyond which a send gets

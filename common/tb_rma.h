@@ -97,6 +97,13 @@ tb_rma_status_t tb_rma_parse(uint8_t tag, const void *data, size_t len, uint64_t
 tb_rma_status_t tb_rma_parse_head(uint8_t tag, const void *head, size_t head_len,
                                   size_t msg_len, uint64_t max_len, tb_rma_msg_t *m);
 
+/* 1 for a peer's put, get or atomic request (served by the target), 0 for
+ * an answer or anything else. */
+static inline int tb_rma_is_request(uint8_t tag)
+{
+    return TB_TAG_RMA_PUT == tag || TB_TAG_RMA_GET_REQ == tag || TB_TAG_RMA_ATOMIC == tag;
+}
+
 /* The requester's deadline for answers (the direct path).  Answers come in
  * the order of the requests, each behind whatever the peer sends before it,
  * so the time they take is not bounded on a slow or lossy link.  What is

@@ -20,10 +20,14 @@ void tb_tunables_defaults(tb_tunables_t *t)
     t->bulk_frame_size = 16 * TB_FRAME_SIZE;
     t->recv_depth = TB_APPLE_MAX_RECV_DEPTH;
     t->qps_per_device = TB_APPLE_MAX_QP;
-    /* A peer answers only when it calls into MPI: a rank inside a long
-     * computation (an HPL update under emulation took over 5 s) looks dead
-     * to a shorter timeout. */
-    t->peer_timeout_ms = 30000;
+    /* A process's keeper thread answers for it while it computes (the BTL's
+     * direct path, tb_keeper.h), and an engine always answers: silence this
+     * long is a dead peer or a cut cable. */
+    t->peer_timeout_ms = 5000;
+    /* Data not acknowledged while frames do arrive: a frame of 16 packets
+     * at 10 % packet loss gets through about one try in five, so its resends
+     * may take seconds; a peer that takes nothing for this long is broken. */
+    t->stall_timeout_ms = 30000;
     /* A timeout first probes (a header-only frame) before resending, and a
      * frame that is merely late cannot be overtaken by its resend on a UC
      * queue pair: a floor in milliseconds costs nothing on a healthy link,
@@ -86,6 +90,8 @@ int tb_tunables_validate(const tb_tunables_t *t, const char *prefix, char *err, 
                          "needs one per lane)",
                          err, errlen) ||
         0 != check_range(prefix, "peer_timeout", t->peer_timeout_ms, 100, 3600000,
+                         "milliseconds", err, errlen) ||
+        0 != check_range(prefix, "stall_timeout", t->stall_timeout_ms, 100, 3600000,
                          "milliseconds", err, errlen) ||
         0 != check_range(prefix, "rto_min", t->rto_min_us, 10, 10000000, "microseconds", err,
                          errlen)) {
@@ -151,4 +157,12 @@ void tb_tunables_channel_params(const tb_tunables_t *t, struct tb_channel_params
         p->rto_max_ns = p->rto_min_ns;
     }
     p->peer_timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
+    p->stall_timeout_ns = tb_tunables_stall_timeout_ns(t);
+}
+
+uint64_t tb_tunables_stall_timeout_ns(const tb_tunables_t *t)
+{
+    uint32_t ms = t->stall_timeout_ms > t->peer_timeout_ms ? t->stall_timeout_ms
+                                                           : t->peer_timeout_ms;
+    return (uint64_t) ms * 1000000u;
 }

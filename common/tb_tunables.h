@@ -26,6 +26,8 @@ typedef struct tb_tunables {
     int recv_depth;            /* receives posted per queue pair */
     int qps_per_device;        /* QP budget this process may use on one device */
     uint32_t peer_timeout_ms;  /* silence after which a peer is declared dead */
+    uint32_t stall_timeout_ms; /* a peer that answers but takes nothing for this long is failed
+                                * (at least peer_timeout_ms) */
     uint32_t rto_min_us;       /* first retransmit timeout */
     int checksum;              /* tb_checksum_mode_t */
 } tb_tunables_t;
@@ -41,6 +43,11 @@ int tb_tunables_validate(const tb_tunables_t *t, const char *prefix, char *err, 
  * sets max_msg_size. */
 struct tb_channel_params;
 void tb_tunables_channel_params(const tb_tunables_t *t, struct tb_channel_params *p);
+
+/* How long a peer may answer yet take nothing (stall_timeout_ms, at least
+ * peer_timeout_ms), in ns: data unacknowledged, put/get answers that do not
+ * come, a connection setup that does not finish. */
+uint64_t tb_tunables_stall_timeout_ns(const tb_tunables_t *t);
 
 /* "full"/"header" <-> tb_checksum_mode_t; -1 for an unknown name. */
 int tb_checksum_mode_parse(const char *name);
