@@ -129,8 +129,7 @@ typedef struct mca_btl_tbrdma_component_t {
     mca_btl_tbrdma_module_t **modules; /* the cables' modules and the host module (host set) */
     mca_btl_tbrdma_module_t *host_module;
 
-    opal_recursive_mutex_t lock; /* the channel is not thread safe (the keeper's lock instead
-                                  * while there is a keeper) */
+    opal_recursive_mutex_t lock; /* the channel is not thread safe */
     /* The direct path: keeps the channels alive while the application is
      * away from MPI, and what it holds back for the application
      * (btl_tbrdma_held.c). */
@@ -212,25 +211,22 @@ OPAL_DECLSPEC extern mca_btl_tbrdma_component_t mca_btl_tbrdma_component;
 /* The most the keeper holds for the application (messages and their headers). */
 #define TBRDMA_HELD_MAX_BYTES ((size_t) 256 << 20)
 
-/* The component's lock: the keeper's while there is one (the keeper thread
- * needs it whatever the MPI thread level), else Open MPI's, taken only when
- * the application uses threads. */
+/* The component's lock: Open MPI's between the application's threads (taken
+ * only when it uses threads), and the keeper's gate against its thread. */
 static inline void mca_btl_tbrdma_lock(void)
 {
+    OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
     if (mca_btl_tbrdma_component.keeper) {
-        tb_keeper_lock(mca_btl_tbrdma_component.keeper);
-    } else {
-        OPAL_THREAD_LOCK(&mca_btl_tbrdma_component.lock);
+        tb_keeper_enter(mca_btl_tbrdma_component.keeper);
     }
 }
 
 static inline void mca_btl_tbrdma_unlock(void)
 {
     if (mca_btl_tbrdma_component.keeper) {
-        tb_keeper_unlock(mca_btl_tbrdma_component.keeper);
-    } else {
-        OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
+        tb_keeper_leave(mca_btl_tbrdma_component.keeper);
     }
+    OPAL_THREAD_UNLOCK(&mca_btl_tbrdma_component.lock);
 }
 
 extern mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template;

@@ -323,13 +323,12 @@ void mca_btl_tbrdma_keeper_stop(void)
     if (NULL == k) {
         return;
     }
-    tb_keeper_lock(k);
-    c->keeper = NULL;
-    mca_btl_tbrdma_held_clear();
-    tb_keeper_unlock(k);
     BTL_TBRDMA_VERBOSE(20, "the keeper ran %llu times while this process was away from MPI",
                        (unsigned long long) tb_keeper_runs(k));
+    /* Its work reads c->keeper: gone only once the thread is. */
     tb_keeper_destroy(k);
+    c->keeper = NULL;
+    mca_btl_tbrdma_held_clear();
 }
 
 static int tbrdma_component_close(void)
@@ -747,11 +746,15 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         goto free_modules;
     }
     if (!c->use_engine) {
-        int rc = tb_keeper_create(TBRDMA_KEEPER_PERIOD_NS, keeper_work, NULL, &c->keeper);
+        int rc = tb_keeper_create(TBRDMA_KEEPER_PERIOD_NS, keeper_work, NULL, 0, &c->keeper);
         if (0 != rc) {
             opal_output(0, "btl:tbrdma on %s: no keeper thread (%s): a peer that stays away "
                         "from MPI longer than btl_tbrdma_peer_timeout will be declared dead",
                         opal_process_info.nodename, strerror(-rc));
+        } else {
+            BTL_TBRDMA_VERBOSE(20, "keeper thread started (%s)",
+                               tb_keeper_fenced(c->keeper) ? "fenced entries"
+                                                           : "membarrier, no fence on entry");
         }
     }
     c->super.btl_progress = tbrdma_component_progress;
