@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,11 @@ static int keeper_close_gate(tb_keeper_t *k)
 static void *keeper_main(void *arg)
 {
     tb_keeper_t *k = arg;
+    sigset_t all;
 
+    /* The application's signals are for its own threads. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
     atomic_store_explicit(&k->keeper_tid, (uintptr_t) pthread_self(), memory_order_relaxed);
     while (!atomic_load_explicit(&k->stop, memory_order_acquire)) {
         uint64_t now;
