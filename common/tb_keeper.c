@@ -177,22 +177,29 @@ static int on_keeper(tb_keeper_t *k)
     return atomic_load_explicit(&k->keeper_tid, memory_order_relaxed) == (uintptr_t) pthread_self();
 }
 
+/* depth is written only by an owner past the gate, so the keeper, which
+ * never changes it, reads 0 there while it works: an owner's nested entry is
+ * depth > 0, and an entry at depth 0 is an owner's first or the keeper's. */
 void tb_keeper_enter(tb_keeper_t *k)
 {
-    if (on_keeper(k) || k->depth++) {
+    if (k->depth) {
+        k->depth++;
+        return;
+    }
+    if (on_keeper(k)) {
         return;
     }
     for (unsigned spins = 0;; ++spins) {
         if (k->fenced) {
             atomic_store_explicit(&k->inside, 1, memory_order_seq_cst);
             if (!atomic_load_explicit(&k->busy, memory_order_seq_cst)) {
-                return;
+                break;
             }
         } else {
             atomic_store_explicit(&k->inside, 1, memory_order_relaxed);
             atomic_signal_fence(memory_order_seq_cst);
             if (!atomic_load_explicit(&k->busy, memory_order_acquire)) {
-                return;
+                break;
             }
         }
         /* The keeper works: wait outside until it is done. */
@@ -203,12 +210,13 @@ void tb_keeper_enter(tb_keeper_t *k)
             }
         }
     }
+    k->depth = 1;
 }
 
 void tb_keeper_leave(tb_keeper_t *k)
 {
-    if (on_keeper(k)) {
-        return;
+    if (0 == k->depth) {
+        return; /* the keeper's (see tb_keeper_enter) */
     }
     if (0 == --k->depth) {
         atomic_store_explicit(&k->inside, 0, memory_order_release);
