@@ -14,7 +14,7 @@ fi
 
 "$TB_OMPI_INFO" --param btl tbrdma --level 9 > "$out" 2>&1
 for p in verbs_library if_include if_exclude lanes small_frame_size bulk_frame_size recv_depth \
-         qps_per_device peer_timeout rto_min checksum free_list_num free_list_max free_list_inc \
+         qps_per_device peer_timeout stall_timeout rto_min checksum free_list_num free_list_max free_list_inc \
          eager_limit max_send_size exclusivity; do
     if grep -q "parameter \"btl_tbrdma_$p\"" "$out"; then
         ok "parameter btl_tbrdma_$p registered"

@@ -3,6 +3,7 @@
  * message naming the parameter.
  */
 #include "tb_config.h"
+#include "tb_channel.h"
 #include "tb_device.h"
 #include "tb_tunables.h"
 
@@ -82,6 +83,28 @@ START_TEST(ranges)
     t.peer_timeout_ms = 100;
     t.rto_min_us = 200000;
     expect_refused("must be shorter than btl_tbrdma_peer_timeout");
+    setup();
+    t.stall_timeout_ms = 99;
+    expect_refused("btl_tbrdma_stall_timeout = 99");
+}
+END_TEST
+
+/* Silence is a dead peer within seconds; data left unacknowledged while the
+ * peer answers gets longer (resends on a lossy cable), never less than the
+ * silence deadline, and both reach the channel. */
+START_TEST(timeouts)
+{
+    tb_channel_params_t p;
+
+    ck_assert_uint_le(t.peer_timeout_ms, 10000);
+    ck_assert_uint_gt(t.stall_timeout_ms, t.peer_timeout_ms);
+    tb_tunables_channel_params(&t, &p);
+    ck_assert_uint_eq(p.peer_timeout_ns, (uint64_t) t.peer_timeout_ms * 1000000u);
+    ck_assert_uint_eq(p.stall_timeout_ns, (uint64_t) t.stall_timeout_ms * 1000000u);
+    ck_assert_uint_eq(tb_tunables_stall_timeout_ns(&t), p.stall_timeout_ns);
+    t.peer_timeout_ms = 60000;
+    ck_assert_uint_eq(tb_tunables_stall_timeout_ns(&t), 60000ull * 1000000u);
+    ck_assert_int_eq(tb_tunables_validate(&t, "btl_tbrdma_", err, sizeof(err)), 0);
 }
 END_TEST
 
@@ -114,6 +137,7 @@ static Suite *tunables_suite(void)
     tcase_add_test(tc, frame_sizes);
     tcase_add_test(tc, ranges);
     tcase_add_test(tc, device_lists_and_checksum);
+    tcase_add_test(tc, timeouts);
     suite_add_tcase(s, tc);
     return s;
 }
