@@ -963,6 +963,42 @@ static int p1_failed(pair_t *pr)
     return pr->p[1].errors > 0;
 }
 
+/* A peer that keeps answering (its keepalives and acks arrive on lane 0)
+ * but acknowledges none of the data sent to it (lane 1 a black hole) fails
+ * after stall_timeout_ns, not after the shorter silence deadline; with none
+ * set, after peer_timeout_ns as before. */
+START_TEST(test_stall_timeout)
+{
+    for (int round = 0; round < 2; round++) {
+        tb_lossy_cfg_t cfg;
+        tb_channel_params_t p;
+        pair_t *pr;
+        uint64_t t0, want;
+
+        std_setup(&cfg, &p);
+        p.peer_timeout_ns = 500 * MS;
+        p.stall_timeout_ns = round ? 0 : 2000 * MS;
+        want = round ? p.peer_timeout_ns : p.stall_timeout_ns;
+        pr = pair_new(&cfg, &p);
+        pair_connect(pr);
+        ck_assert(run_until(pr, both_connected, 100 * MS));
+        cfg.lane_loss[1] = 1.0;
+        tb_lossy_set_cfg(pr->net, &cfg);
+        t0 = pr->now;
+        ck_assert_int_eq(send_msg(pr, 0, 150000, 1), TB_CHAN_OK); /* bulk frames */
+        ck_assert(run_until(pr, p0_failed, 5000 * MS));
+        ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_EPEERDEAD);
+        ck_assert_msg(strstr(pr->p[0].why, "acknowledged nothing on lane 1") != NULL, "%s",
+                      pr->p[0].why);
+        /* Counted from the last acknowledged progress: the send itself. */
+        ck_assert_uint_ge(pr->p[0].error_ns - t0, want - 5 * MS);
+        ck_assert_uint_le(pr->p[0].error_ns - t0, want + 50 * MS);
+        ck_assert_uint_eq(pr->p[1].errors, 0);
+        pair_free(pr);
+    }
+}
+END_TEST
+
 START_TEST(test_peer_death_pending)
 {
     pair_t *pr = std_pair(0, 0, 0, 0, 9);
@@ -1945,6 +1981,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_held_slots_bounded);
     tcase_add_test(tc, test_slow_answer_not_overdue);
     tcase_add_test(tc, test_unanswered_overdue);
+    tcase_add_test(tc, test_stall_timeout);
     tcase_add_test(tc, test_peer_death_pending);
     tcase_add_test(tc, test_peer_death_idle);
     tcase_add_test(tc, test_connect_timeout);

@@ -248,7 +248,10 @@ static int op_post_send(tb_link_t *link, unsigned lane, void *buf, size_t len, v
         net->stats.bad_posts++;
         return 0;
     }
-    if (chance(net, net->cfg.loss)) {
+    /* The lane's draw only when it has a loss of its own: seeded runs of
+     * other tests keep their sequence. */
+    if (chance(net, net->cfg.loss)
+        || (net->cfg.lane_loss[lane] > 0 && chance(net, net->cfg.lane_loss[lane]))) {
         net->stats.lost++;
         return 0;
     }
@@ -370,6 +373,7 @@ void tb_lossy_net_destroy(tb_lossy_net_t *net)
 void tb_lossy_set_cfg(tb_lossy_net_t *net, const tb_lossy_cfg_t *cfg)
 {
     net->cfg.loss = cfg->loss;
+    memcpy(net->cfg.lane_loss, cfg->lane_loss, sizeof(net->cfg.lane_loss));
     net->cfg.dup = cfg->dup;
     net->cfg.corrupt = cfg->corrupt;
     net->cfg.reorder = cfg->reorder;

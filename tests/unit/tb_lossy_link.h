@@ -21,6 +21,7 @@
 typedef struct tb_lossy_cfg {
     uint64_t seed;
     double loss;       /* probability a frame vanishes */
+    double lane_loss[TB_WIRE_MAX_LANES]; /* and, besides, a frame of that lane */
     double dup;        /* probability a frame arrives twice */
     double corrupt;    /* probability one bit of a frame flips */
     double reorder;    /* probability a frame is held back by reorder_ns */
