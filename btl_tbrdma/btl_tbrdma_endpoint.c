@@ -527,26 +527,27 @@ static void rma_progress(mca_btl_tbrdma_module_t *module, uint64_t now, bool own
     }
 }
 
-int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
+/* owner: the application's own progress, else the keeper's (see rma_progress). */
+static int module_progress(mca_btl_tbrdma_module_t *module, uint64_t now, bool owner)
 {
     int n, m;
 
     if (NULL == module->domain) {
-        rma_progress(module, now, true);
+        rma_progress(module, now, owner);
         return 0;
     }
     n = tb_cm_progress(module->cm, now);
     m = tb_domain_progress(module->domain, now);
-    rma_progress(module, now, true);
+    rma_progress(module, now, owner);
     return n + (m > 0 ? m : 0);
+}
+
+int mca_btl_tbrdma_module_progress(mca_btl_tbrdma_module_t *module, uint64_t now)
+{
+    return module_progress(module, now, true);
 }
 
 void mca_btl_tbrdma_module_keep(mca_btl_tbrdma_module_t *module, uint64_t now)
 {
-    if (NULL == module->domain) {
-        return;
-    }
-    (void) tb_cm_progress(module->cm, now);
-    (void) tb_domain_progress(module->domain, now);
-    rma_progress(module, now, false);
+    (void) module_progress(module, now, false);
 }

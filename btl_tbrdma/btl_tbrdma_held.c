@@ -34,10 +34,14 @@ struct tbrdma_held_msg {
     unsigned char data[];
 };
 
-/* What one held message costs against the bound, beyond its bytes. */
-#define HELD_OVERHEAD (sizeof(struct tbrdma_held_msg) + 64u)
+/* What one held message costs against the bound: its bytes and a header's
+ * worth beyond them. */
+static size_t held_cost(const struct tbrdma_held_msg *m)
+{
+    return (HELD_RECV == m->kind ? m->len : m->skip) + sizeof(*m) + 64u;
+}
 
-static void append(struct tbrdma_held_msg *m, size_t bytes)
+static void append(struct tbrdma_held_msg *m)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
 
@@ -48,7 +52,7 @@ static void append(struct tbrdma_held_msg *m, size_t bytes)
         c->held_first = m;
     }
     c->held_last = m;
-    c->held_bytes += bytes + HELD_OVERHEAD;
+    c->held_bytes += held_cost(m);
 }
 
 static struct tbrdma_held_msg *hold(mca_btl_base_endpoint_t *ep, held_kind_t kind, uint8_t tag,
@@ -88,7 +92,7 @@ void mca_btl_tbrdma_held_recv(mca_btl_base_endpoint_t *ep, uint8_t tag, const vo
     if (len) {
         memcpy(m->data, data, len);
     }
-    append(m, len);
+    append(m);
 }
 
 void mca_btl_tbrdma_held_placed(mca_btl_base_endpoint_t *ep, uint8_t tag, const void *head,
@@ -104,7 +108,7 @@ void mca_btl_tbrdma_held_placed(mca_btl_base_endpoint_t *ep, uint8_t tag, const 
     if (skip) {
         memcpy(m->data, head, skip);
     }
-    append(m, skip);
+    append(m);
 }
 
 void mca_btl_tbrdma_held_send_done(mca_btl_base_endpoint_t *ep, mca_btl_tbrdma_cookie_t *cookie,
@@ -192,7 +196,7 @@ int mca_btl_tbrdma_held_replay(void)
         if (NULL == c->held_first) {
             c->held_last = NULL;
         }
-        c->held_bytes -= (HELD_RECV == m->kind ? m->len : m->skip) + HELD_OVERHEAD;
+        c->held_bytes -= held_cost(m);
         deliver(m);
         free(m);
         n++;
@@ -213,7 +217,7 @@ void mca_btl_tbrdma_held_forget(mca_btl_base_endpoint_t *ep)
         struct tbrdma_held_msg *m = *mp;
         if (m->ep == ep) {
             *mp = m->next;
-            c->held_bytes -= (HELD_RECV == m->kind ? m->len : m->skip) + HELD_OVERHEAD;
+            c->held_bytes -= held_cost(m);
             free(m);
         } else {
             last = m;
