@@ -359,6 +359,34 @@ static void sess_event(tb_cm_t *cm, cm_sess_t *s, short revents)
     }
 }
 
+unsigned tb_cm_poll_fds(const tb_cm_t *cm, struct pollfd *out, unsigned max, uint64_t *wake_ns)
+{
+    unsigned n = 0;
+
+    if (n < max && cm->lfd >= 0) {
+        out[n].fd = cm->lfd;
+        out[n].events = POLLIN;
+        out[n++].revents = 0;
+    }
+    for (const cm_sess_t *s = cm->sessions; s; s = s->next) {
+        if (S_FINISHED == s->state) {
+            continue;
+        }
+        if (s->deadline < *wake_ns) {
+            *wake_ns = s->deadline;
+        }
+        if (S_RETRY == s->state && s->retry_at < *wake_ns) {
+            *wake_ns = s->retry_at;
+        }
+        if (s->fd >= 0 && n < max) {
+            out[n].fd = s->fd;
+            out[n].events = S_RECEIVING == s->state ? POLLIN : POLLOUT;
+            out[n++].revents = 0;
+        }
+    }
+    return n;
+}
+
 int tb_cm_progress(tb_cm_t *cm, uint64_t now_ns)
 {
     struct pollfd pfd[MAX_POLL];

@@ -41,6 +41,7 @@
 #ifndef TB_CM_H
 #define TB_CM_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -138,6 +139,12 @@ void tb_cm_cancel(tb_cm_t *cm, void *user);
 /* Accept, read, write, time out; never blocks.  Returns the number of
  * callbacks made. */
 int tb_cm_progress(tb_cm_t *cm, uint64_t now_ns);
+
+/* For an owner about to sleep: the sockets whose events ask for
+ * tb_cm_progress (the listening one, then each exchange's), at most max of
+ * them in out; returns how many.  *wake_ns is lowered to the earliest time
+ * an exchange must be dialled again or timed out. */
+unsigned tb_cm_poll_fds(const tb_cm_t *cm, struct pollfd *out, unsigned max, uint64_t *wake_ns);
 
 const tb_cm_counters_t *tb_cm_counters(const tb_cm_t *cm);
 

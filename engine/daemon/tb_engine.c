@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +40,19 @@ void tb_engine_params_default(tb_engine_params_t *p)
 /* Sockets: new ranks, doorbells, closed ranks.  Sleeps up to timeout_ms. */
 static int poll_sockets(tb_engine_t *e, int timeout_ms)
 {
-    struct pollfd fds[TB_WIRE_ENGINE_MAX_DEVICES + 1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
+    struct pollfd fds[TB_WIRE_ENGINE_MAX_DEVICES * (1 + ENG_CM_POLL) + 1 + ENG_MAX_PENDING
+                      + ENG_MAX_RANKS];
     /* Per socket polled: the rank, or NULL with the pending slot (-1: listening). */
     eng_rank_t *who[1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
     int pend[1 + ENG_MAX_PENDING + ENG_MAX_RANKS];
-    unsigned n = 0, i, nev = 0;
+    unsigned n = 0, i, nev = 0, ndevev;
+    uint64_t now = tb_now_ns(), wake = UINT64_MAX;
     int rc, work = 0;
+    bool completions = false;
 
-    /* Completion events of the devices first, then the sockets. */
+    /* Completion events of the devices first, then the other engines'
+     * connection setup (a peer's handshake must not wait out a sleep), then
+     * the ranks' sockets. */
     for (i = 0; i < e->ndev; ++i) {
         int fd = tb_domain_event_fd(e->devs[i].dom);
         if (fd >= 0) {
@@ -54,10 +60,22 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
             fds[nev++].events = POLLIN;
         }
     }
+    ndevev = nev;
+    for (i = 0; i < e->ndev; ++i) {
+        if (e->devs[i].cm) {
+            nev += tb_cm_poll_fds(e->devs[i].cm, &fds[nev], ENG_CM_POLL, &wake);
+        }
+    }
+    if (timeout_ms > 0 && wake != UINT64_MAX) {
+        uint64_t ms = wake > now ? (wake - now + 999999u) / 1000000u : 0;
+        if (ms < (uint64_t) timeout_ms) {
+            timeout_ms = (int) ms;
+        }
+    }
     n = nev;
     /* The pending connections before the listening socket: a connection
      * accepted in this round may reuse a number closed in it. */
-    tb_eng_expire_pending(e, tb_now_ns());
+    tb_eng_expire_pending(e, now);
     for (i = 0; i < ENG_MAX_PENDING; ++i) {
         if (e->pending_fd[i] >= 0) {
             fds[n].fd = e->pending_fd[i];
@@ -87,9 +105,10 @@ static int poll_sockets(tb_engine_t *e, int timeout_ms)
     for (i = 0; i < nev; ++i) {
         if (fds[i].revents) {
             ++work;
+            completions |= i < ndevev;
         }
     }
-    if (work) {
+    if (completions) {
         for (i = 0; i < e->ndev; ++i) {
             tb_domain_event_drain(e->devs[i].dom);
         }

@@ -56,6 +56,9 @@ enum {
 #define ENG_TX_SHARE (1u << 20)
 /* Reads of 4 KiB that one pass takes from one rank's socket. */
 #define ENG_SOCKET_READS 4
+/* Connection-setup sockets per device watched while the engine sleeps (more
+ * are served at the next pass, at most one sleep later). */
+#define ENG_CM_POLL 16
 
 /* The parts of the loop timed for tb_eng_log_loop (GAP: between two polls
  * of the devices). */

@@ -338,6 +338,52 @@ START_TEST(test_exchange)
 }
 END_TEST
 
+/* Owners that sleep between passes (the host engine) wake for every step of
+ * an exchange on the sockets tb_cm_poll_fds names: the exchange completes
+ * without one sleep running out. */
+START_TEST(test_sleeping_owners)
+{
+    side_t a, b;
+    tb_wire_addr_t la;
+    unsigned timeouts = 0, wakes = 0;
+    uint64_t end = now_ns() + 5000 * MS;
+
+    side_init(&a, "rank-0", 0xa0, 4000);
+    side_init(&b, "rank-1", 0xb0, 4000);
+    blob(&la, 0xa1);
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
+                                   now_ns()),
+                     TB_CM_OK);
+    while ((a.dones < 1 || b.dones < 1) && now_ns() < end) {
+        struct pollfd fds[32];
+        uint64_t wake = UINT64_MAX, now;
+        unsigned n = tb_cm_poll_fds(a.cm, fds, 16, &wake);
+        int ms = 1000;
+        n += tb_cm_poll_fds(b.cm, fds + n, 16, &wake);
+        ck_assert_uint_ge(n, 2); /* both listeners */
+        now = now_ns();
+        if (wake != UINT64_MAX) {
+            ck_assert_uint_le(wake, now + 4000 * MS); /* no later than the deadline */
+        }
+        if (0 == poll(fds, n, ms)) {
+            timeouts++;
+        }
+        wakes++;
+        /* The idle throttle (1 ms between passes without exchanges). */
+        usleep(1100);
+        tb_cm_progress(a.cm, now_ns());
+        tb_cm_progress(b.cm, now_ns());
+    }
+    ck_assert_uint_eq(a.dones, 1);
+    ck_assert_int_eq(a.done_status, TB_CM_OK);
+    ck_assert_uint_eq(b.dones, 1);
+    ck_assert_uint_eq(timeouts, 0);
+    ck_assert_uint_gt(wakes, 1);
+    tb_cm_destroy(a.cm);
+    tb_cm_destroy(b.cm);
+}
+END_TEST
+
 /* After a collision the loser's own request can reach the winner once the
  * winner's exchange is complete: a request from the same identity with the
  * blob the winner already holds is that leftover, refused without
@@ -821,6 +867,7 @@ static Suite *cm_suite(void)
 
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_exchange);
+    tcase_add_test(tc, test_sleeping_owners);
     tcase_add_test(tc, test_collision_leftover);
     tcase_add_test(tc, test_simultaneous_a_first_a_wins);
     tcase_add_test(tc, test_simultaneous_b_first_a_wins);
