@@ -166,6 +166,8 @@ typedef struct mca_btl_tbrdma_component_t {
     uint32_t engine_peer_timeout_ms;
     uint32_t engine_credit_window;
     uint32_t engine_spin_us;
+    uint32_t engine_yield;
+    unsigned idle_polls; /* progress calls in a row that found nothing */
     int engine_events;
     int engine_verbose;
     tb_eclient_t *engine;

@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,6 +195,13 @@ static int tbrdma_component_register(void)
                   "sleeps (a doorbell or a completion event wakes it); more lowers latency on "
                   "hosts with a core to spare, less leaves the cores to the ranks",
                   OPAL_INFO_LVL_5, &c->engine_spin_us);
+    c->engine_yield = 16;
+    register_uint("engine_yield",
+                  "On the engine path, polls that find nothing after which a process gives up "
+                  "its CPU (sched_yield) at each further such poll, and the host engine at each "
+                  "idle pass of its spin; 0: never.  Where every core runs a rank that spins, "
+                  "the engine gets a CPU only when a rank yields one",
+                  OPAL_INFO_LVL_5, &c->engine_yield);
     c->engine_events = 1;
     register_int("engine_events",
                  "1 (default): the host engine sleeps on the devices' completion events where "
@@ -359,6 +367,7 @@ static int tbrdma_component_progress(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     uint64_t now = mca_btl_tbrdma_now_ns();
+    bool yield = false;
     int i, n = 0;
 
     mca_btl_tbrdma_lock();
@@ -375,7 +384,18 @@ static int tbrdma_component_progress(void)
     for (i = 0; i < c->num_modules; ++i) {
         n += mca_btl_tbrdma_module_progress(c->modules[i], now);
     }
+    /* Every byte to another host waits for the engine, a process that needs
+     * a CPU: on a host where a rank spins on every core it gets one only
+     * when a rank gives its own up.  After a short spin (a message may be
+     * about to arrive), a process with nothing to do yields at each poll. */
+    if (c->engine && c->engine_yield) {
+        c->idle_polls = n ? 0 : c->idle_polls + 1;
+        yield = c->idle_polls > c->engine_yield;
+    }
     mca_btl_tbrdma_unlock();
+    if (yield) {
+        sched_yield();
+    }
     return n;
 }
 

@@ -31,7 +31,7 @@ static char **engine_args(void)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     const tb_tunables_t *t = &c->tunables;
-    char **a = calloc(32, sizeof(*a));
+    char **a = calloc(40, sizeof(*a));
     int n = 0;
 
     if (NULL == a) {
@@ -64,6 +64,7 @@ static char **engine_args(void)
     ARG("--credit-window", "%u", (unsigned) c->engine_credit_window);
     ARG("--spin-us", "%u", (unsigned) c->engine_spin_us);
     ARG("--events", "%d", c->engine_events ? 1 : 0);
+    ARG("--yield", "%d", c->engine_yield ? 1 : 0);
     ARG("--verbose", "%d", c->engine_verbose);
 #undef ARG
     for (int i = 0; i < n; ++i) {

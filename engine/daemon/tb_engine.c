@@ -33,6 +33,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
     p->events = 1;
+    p->yield = 1;
 }
 
 /* ---- the loop ------------------------------------------------------------ */
@@ -363,6 +364,12 @@ int tb_engine_run(tb_engine_t *e)
             drain_end = 0;
         }
         if (now - last_work < e->p.spin_ns) {
+            /* The ranks may hold every core: one that has work runs now,
+             * and the engine's next pass comes when they yield or their
+             * slice ends. */
+            if (!work && e->p.yield) {
+                sched_yield();
+            }
             continue;
         }
         /* Idle: sleep until a rank rings, a socket changes, a completion

@@ -60,7 +60,7 @@ static void usage(void)
             "         [--if-exclude PATTERNS] [--lanes 1|2] [--small-frame-size BYTES]\n"
             "         [--bulk-frame-size BYTES] [--recv-depth N] [--peer-timeout-ms MS]\n"
             "         [--rto-min-us US] [--checksum full|header] [--credit-window BYTES]\n"
-            "         [--spin-us US] [--events 0|1]\n"
+            "         [--spin-us US] [--events 0|1] [--yield 0|1]\n"
             "         [--verbose 0..4]\n"
             "The host engine of tbrdma: started by the first rank of an MPI job on a host.\n");
 }
@@ -82,6 +82,7 @@ int main(int argc, char **argv)
         {"credit-window", required_argument, NULL, 'w'},
         {"spin-us", required_argument, NULL, 'S'},
         {"events", required_argument, NULL, 'E'},
+        {"yield", required_argument, NULL, 'Y'},
         {"verbose", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -139,6 +140,10 @@ int main(int argc, char **argv)
         case 'E':
             if (parse_u64("events", optarg, 1, &v)) return 2;
             p.events = (int) v;
+            break;
+        case 'Y':
+            if (parse_u64("yield", optarg, 1, &v)) return 2;
+            p.yield = (int) v;
             break;
         case 'S':
             if (parse_u64("spin-us", optarg, 1000000, &v)) return 2;
