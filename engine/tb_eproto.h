@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 3
+#define TB_WIRE_ENGINE_VERSION 4
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -87,7 +87,7 @@ _Static_assert(sizeof(tb_wire_edev_t) == 112, "engine device layout");
 _Static_assert(sizeof(tb_wire_eattach_reply_t) == 232 + 16 * 112, "engine attach reply layout");
 
 /* A ring record: this header, then len bytes, padded to TB_WIRE_EREC_ALIGN. */
-#define TB_WIRE_EREC_ALIGN 16u
+#define TB_WIRE_EREC_ALIGN 32u /* a header (24 bytes) fits wherever a record may start */
 
 typedef enum {
     TB_EREC_PAD = 0,    /* filler up to the ring's end */
@@ -116,6 +116,10 @@ typedef enum {
 #define TB_ELINK_HOST 0x4000u
 
 typedef struct __attribute__((packed)) tb_wire_erec {
+    /* Written last, with release order: the record's position in the ring's
+     * stream plus one, xor the ring's nonce.  The consumer reads a record
+     * where it lies once its stamp says it is complete: no separate head. */
+    uint64_t stamp;
     uint32_t len;  /* payload bytes after this header */
     uint8_t type;  /* tb_erec_type_t */
     uint8_t tag;   /* SEND, RECV: the message's tag */
@@ -146,7 +150,7 @@ typedef struct __attribute__((packed)) tb_wire_epeer {
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
 } tb_wire_epeer_t;
 
-_Static_assert(sizeof(tb_wire_erec_t) == 16, "ring record layout");
+_Static_assert(sizeof(tb_wire_erec_t) == 24, "ring record layout");
 _Static_assert(sizeof(tb_wire_eroute_t) == 48, "route record layout");
 _Static_assert(sizeof(tb_wire_epeer_t) == 24, "peer record layout");
 

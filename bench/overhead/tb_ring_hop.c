@@ -234,9 +234,11 @@ static int run(unsigned nranks, unsigned long trips)
             goto out;
         }
         tb_shm_ring_attach(&s->rank_tx, s->base, RING_SIZE, 0, true);
-        tb_shm_ring_attach(&s->rank_rx, s->base, RING_SIZE, 1, false);
+        tb_shm_ring_attach(&s->rank_rx, s->base, RING_SIZE, 1, true);
         tb_shm_ring_attach(&s->eng_rx, s->base, RING_SIZE, 0, false);
         tb_shm_ring_attach(&s->eng_tx, s->base, RING_SIZE, 1, false);
+        /* As the engine does: a rank never sleeps on its ring. */
+        tb_shm_ring_consumer_spins(&s->eng_tx);
     }
     pin(0);
     if (0 != pthread_create(&engine, NULL, engine_main, b)) {

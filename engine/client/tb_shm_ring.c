@@ -4,12 +4,26 @@
 #include "tb_shm_ring.h"
 
 #include <string.h>
+#include <time.h>
+
+#include "tb_random.h"
 
 #define REC_HDR sizeof(tb_wire_erec_t)
 
 static uint64_t rec_bytes(uint64_t len)
 {
     return (REC_HDR + len + TB_WIRE_EREC_ALIGN - 1) & ~(uint64_t) (TB_WIRE_EREC_ALIGN - 1);
+}
+
+/* The stamp word of the record at stream position pos. */
+static _Atomic uint64_t *stamp_at(const tb_shm_ring_t *r, uint64_t pos)
+{
+    return (_Atomic uint64_t *) (void *) (r->data + (pos & (r->size - 1)));
+}
+
+static uint64_t stamp_of(const tb_shm_ring_t *r, uint64_t pos)
+{
+    return tb_wire_le64((pos + 1) ^ r->nonce);
 }
 
 bool tb_shm_ring_size_ok(uint64_t size)
@@ -25,15 +39,30 @@ size_t tb_shm_ring_segment_size(uint64_t size)
 void tb_shm_ring_attach(tb_shm_ring_t *r, void *base, uint64_t size, unsigned index, bool init)
 {
     _Static_assert(2 * sizeof(tb_shm_ring_ctrl_t) <= TB_SHM_RING_CTRL, "ring control blocks");
+    _Static_assert(0 == TB_WIRE_EREC_ALIGN % sizeof(uint64_t), "stamps are aligned");
+    _Static_assert(REC_HDR <= TB_WIRE_EREC_ALIGN, "a PAD fits wherever a record may start");
     memset(r, 0, sizeof(*r));
     r->ctrl = (tb_shm_ring_ctrl_t *) base + index;
     r->data = (uint8_t *) base + TB_SHM_RING_CTRL + (size_t) index * size;
     r->size = size;
+    r->fence = true;
     if (init) {
-        atomic_store(&r->ctrl->head, 0);
+        uint64_t nonce;
+        if (0 != tb_random_bytes(&nonce, sizeof(nonce))) {
+            /* Only accidental matches matter, and this differs per ring. */
+            nonce = (uint64_t) (uintptr_t) r->data ^ ((uint64_t) time(NULL) << 32)
+                    ^ 0x9e3779b97f4a7c15ull;
+        }
+        r->ctrl->nonce = nonce;
         atomic_store(&r->ctrl->tail, 0);
         atomic_store(&r->ctrl->waiting, 0);
     }
+    r->nonce = r->ctrl->nonce;
+}
+
+void tb_shm_ring_consumer_spins(tb_shm_ring_t *r)
+{
+    r->fence = false;
 }
 
 /* The consumer's tail, trusted only between the last tail seen and head. */
@@ -68,17 +97,21 @@ tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len)
         }
     }
     if (pad) {
+        /* Complete at once: the consumer may skip to the start meanwhile. */
         rec = (tb_wire_erec_t *) (r->data + off);
-        memset(rec, 0, REC_HDR);
+        memset((uint8_t *) rec + sizeof(rec->stamp), 0, REC_HDR - sizeof(rec->stamp));
         rec->len = tb_wire_le32((uint32_t) (pad - REC_HDR));
         rec->type = TB_EREC_PAD;
+        atomic_store_explicit(stamp_at(r, r->head), stamp_of(r, r->head), memory_order_release);
         r->head += pad;
         off = 0;
     }
+    /* The stamp is left as it is (stale) until the commit. */
     rec = (tb_wire_erec_t *) (r->data + off);
-    memset(rec, 0, REC_HDR);
+    memset((uint8_t *) rec + sizeof(rec->stamp), 0, REC_HDR - sizeof(rec->stamp));
     rec->len = tb_wire_le32((uint32_t) len);
     r->pending = need;
+    r->reserved = rec;
     return rec;
 }
 
@@ -112,16 +145,29 @@ int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, 
 
 bool tb_shm_ring_commit(tb_shm_ring_t *r)
 {
+    uint64_t pos = r->head;
+
+    if (NULL == r->reserved) {
+        return false;
+    }
     r->head += r->pending;
     r->pending = 0;
-    atomic_store_explicit(&r->ctrl->head, r->head, memory_order_seq_cst);
+    r->reserved = NULL;
+    if (!r->fence) {
+        atomic_store_explicit(stamp_at(r, pos), stamp_of(r, pos), memory_order_release);
+        return false;
+    }
+    /* seq_cst: the stamp before the load of waiting (Dekker with a consumer
+     * that sets waiting and then looks at the stamp before it sleeps). */
+    atomic_store_explicit(stamp_at(r, pos), stamp_of(r, pos), memory_order_seq_cst);
     return 0 != atomic_load_explicit(&r->ctrl->waiting, memory_order_seq_cst);
 }
 
 void tb_shm_ring_cancel(tb_shm_ring_t *r)
 {
-    /* A PAD already written stays: it is published with the next commit. */
+    /* A PAD already written stays: it is complete, and head is past it. */
     r->pending = 0;
+    r->reserved = NULL;
 }
 
 bool tb_shm_ring_drained(tb_shm_ring_t *r)
@@ -133,7 +179,9 @@ bool tb_shm_ring_readable(tb_shm_ring_t *r)
 {
     /* seq_cst: after the consumer's store of waiting, this load must not be
      * satisfied early (Dekker with the producer's commit). */
-    return !r->broken && atomic_load_explicit(&r->ctrl->head, memory_order_seq_cst) != r->cursor;
+    return !r->broken
+           && atomic_load_explicit(stamp_at(r, r->cursor), memory_order_seq_cst)
+                  == stamp_of(r, r->cursor);
 }
 
 void tb_shm_ring_set_waiting(tb_shm_ring_t *r, bool waiting)
@@ -144,19 +192,13 @@ void tb_shm_ring_set_waiting(tb_shm_ring_t *r, bool waiting)
 const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *end)
 {
     for (;;) {
-        uint64_t h, avail, off, total;
+        uint64_t off, total;
 
         if (r->broken) {
             return NULL;
         }
-        h = atomic_load_explicit(&r->ctrl->head, memory_order_acquire);
-        if (h - r->cursor > r->size || 0 != (h & (TB_WIRE_EREC_ALIGN - 1))) {
-            r->broken = true;
-            return NULL;
-        }
-        r->head = h;
-        avail = h - r->cursor;
-        if (0 == avail) {
+        if (atomic_load_explicit(stamp_at(r, r->cursor), memory_order_acquire)
+            != stamp_of(r, r->cursor)) {
             return NULL;
         }
         off = r->cursor & (r->size - 1);
@@ -164,7 +206,11 @@ const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *en
         memcpy(hdr, r->data + off, REC_HDR);
         hdr->len = tb_wire_le32(hdr->len);
         total = rec_bytes(hdr->len);
-        if (avail < REC_HDR || total > avail || total > r->size - off) {
+        /* It fits before the ring's end, and does not reach records this
+         * side has not released (a quarter ring at most, or a PAD). */
+        if (total > r->size - off
+            || (TB_EREC_PAD != hdr->type && hdr->len > tb_shm_ring_max_record(r))
+            || r->cursor + total - r->tail > r->size) {
             r->broken = true;
             return NULL;
         }

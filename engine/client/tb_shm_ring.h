@@ -3,11 +3,18 @@
  * (tb_wire_erec_t and payload) in memory shared by two processes, a rank and
  * its host's engine.
  *
- * Each side treats the other as untrusted: the consumer reads head, and the
- * producer tail, only through checks (a record must lie between them and fit
- * the ring), so a corrupt or hostile peer makes the ring report an error,
- * never makes this side read or write outside it.  A record never wraps:
- * one that does not fit before the end is preceded by a PAD record.
+ * A record is read where it lies: its header's stamp, stored last, says it
+ * is complete, so a small record costs the consumer one cache line and no
+ * separate head.  A stamp is the record's position in the ring's stream plus
+ * one, xor a nonce the ring's creator drew: stale bytes from an earlier lap,
+ * a record's or a payload's, never pass for a new record by accident.
+ *
+ * Each side treats the other as untrusted: the consumer trusts a record's
+ * header only after checking that it fits the ring, the producer the tail
+ * only between the last tail seen and its head, so a corrupt or hostile
+ * peer makes the ring report an error, never makes this side read or write
+ * outside it.  A record never wraps: one that does not fit before the end
+ * is preceded by a PAD record.
  *
  * The consumer may hand out several records before releasing them
  * (tb_shm_ring_next advances a private cursor; tb_shm_ring_release_to frees
@@ -15,7 +22,10 @@
  * are in use.
  *
  * The waiting flag is the consumer's: set before it sleeps, it asks the
- * producer for a doorbell after the next commit (tb_shm_ring_commit says so).
+ * producer for a doorbell after the next commit (tb_shm_ring_commit says
+ * so).  That handshake costs the producer a full fence per commit; a ring
+ * whose consumer never sleeps is told so (tb_shm_ring_consumer_spins) and
+ * commits with a plain release store.
  */
 #ifndef TB_SHM_RING_H
 #define TB_SHM_RING_H
@@ -34,7 +44,7 @@
 #define TB_SHM_RING_MAX (256u * 1024u * 1024u)
 
 typedef struct tb_shm_ring_ctrl {
-    _Atomic uint64_t head; /* written by the producer */
+    uint64_t nonce; /* written by the creator before sharing the segment */
     char pad0[56];
     _Atomic uint64_t tail; /* written by the consumer */
     char pad1[56];
@@ -45,12 +55,15 @@ typedef struct tb_shm_ring_ctrl {
 typedef struct tb_shm_ring {
     tb_shm_ring_ctrl_t *ctrl;
     uint8_t *data;
-    uint64_t size;   /* a power of two */
-    uint64_t cursor; /* consumer: the next record to read */
-    uint64_t head;   /* producer: the head being written; consumer: the last head seen */
-    uint64_t tail;   /* producer: the last tail seen; consumer: released up to here */
+    uint64_t size;    /* a power of two */
+    uint64_t nonce;   /* read once at attach */
+    uint64_t cursor;  /* consumer: the next record to read */
+    uint64_t head;    /* producer: the head being written */
+    uint64_t tail;    /* producer: the last tail seen; consumer: released up to here */
     uint64_t pending; /* producer: bytes reserved and not committed */
-    bool broken;     /* the other side broke the ring's rules */
+    tb_wire_erec_t *reserved; /* producer: the reserved record */
+    bool fence;       /* producer: the consumer may sleep (a full fence per commit) */
+    bool broken;      /* the other side broke the ring's rules */
 } tb_shm_ring_t;
 
 /* Bytes of one segment holding the control block and two rings of size. */
@@ -60,8 +73,12 @@ size_t tb_shm_ring_segment_size(uint64_t size);
 bool tb_shm_ring_size_ok(uint64_t size);
 
 /* Ring index (0 or 1) of a segment at base (mapped for size); init resets
- * the control block (the creator, before sharing it). */
+ * the control block and draws the nonce (the creator,
+ * before sharing it). */
 void tb_shm_ring_attach(tb_shm_ring_t *r, void *base, uint64_t size, unsigned index, bool init);
+/* Producer: this ring's consumer never sleeps (never sets waiting), so
+ * commits need no full fence and never ask for a doorbell. */
+void tb_shm_ring_consumer_spins(tb_shm_ring_t *r);
 
 /* The largest payload of one record. */
 static inline uint64_t tb_shm_ring_max_record(const tb_shm_ring_t *r)

@@ -2,11 +2,11 @@
  * Fuzz target: a ring in shared memory (tb_shm_ring.h) written by a hostile
  * peer.  As consumer (the engine reading a rank, or a rank reading the
  * engine): every record handed out must lie inside the ring, whatever the
- * peer put in its head and in the records.  As producer: reservations must
+ * peer put in the records and their stamps.  As producer: reservations must
  * stay inside the ring whatever the peer put in its tail.
  *
- * Input: the peer's head (8 bytes), its tail (8 bytes), then the ring's
- * bytes (the rest zero).
+ * Input: the ring's nonce (8 bytes), the peer's tail (8 bytes), then the
+ * ring's bytes (the rest zero).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t *seg;
     tb_shm_ring_t r;
-    uint64_t head, tail, end;
+    uint64_t nonce, tail, end;
     tb_wire_erec_t h;
     const uint8_t *p;
     int n;
@@ -32,15 +32,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (NULL == seg) {
         seg = aligned_alloc(4096, tb_shm_ring_segment_size(RING));
     }
-    memcpy(&head, data, 8);
+    memcpy(&nonce, data, 8);
     memcpy(&tail, data + 8, 8);
     data += 16;
     size -= 16;
     memset(seg, 0, tb_shm_ring_segment_size(RING));
     memcpy(seg + TB_SHM_RING_CTRL, data, size < RING ? size : RING);
 
+    ((tb_shm_ring_ctrl_t *) seg)->nonce = nonce;
     tb_shm_ring_attach(&r, seg, RING, 0, false);
-    atomic_store(&r.ctrl->head, head);
     for (n = 0; n < 100000 && NULL != (p = tb_shm_ring_next(&r, &h, &end)); ++n) {
         if (p < seg + TB_SHM_RING_CTRL || p + h.len > seg + TB_SHM_RING_CTRL + RING) {
             abort();

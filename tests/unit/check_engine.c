@@ -1,8 +1,8 @@
 /*
- * Unit tests of the host engine's pieces that run without RDMA: the rings in
- * shared memory (including a peer that corrupts them), and attaching to an
- * engine started on demand, which on this machine has no device and must
- * say why to every rank, then exit and leave no socket behind.
+ * Unit tests of the host engine's pieces that run without RDMA (its rings
+ * are check_shm_ring's): attaching to an engine started on demand, which on
+ * this machine has no device and must say why to every rank, then exit and
+ * leave no socket behind.
  */
 #include "tb_config.h"
 
@@ -34,133 +34,6 @@
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
 #include "tb_usock.h"
-
-#define RING (64u * 1024u)
-
-static void *segment(void)
-{
-    void *seg = aligned_alloc(4096, tb_shm_ring_segment_size(RING));
-    ck_assert_ptr_nonnull(seg);
-    return seg;
-}
-
-/* Records of every size go through in order, across many wraps. */
-START_TEST(ring_order_and_wrap)
-{
-    void *seg = segment();
-    tb_shm_ring_t prod, cons;
-    uint32_t sent = 0, got = 0;
-
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    tb_shm_ring_attach(&cons, seg, RING, 0, false);
-    while (got < 5000) {
-        size_t len = (sent * 7919u) % 3000u;
-        tb_wire_erec_t *rec = tb_shm_ring_reserve(&prod, len + 4);
-        if (rec && sent < 5000) {
-            rec->type = TB_EREC_SEND;
-            memcpy(rec + 1, &sent, 4);
-            memset((uint8_t *) (rec + 1) + 4, (int) (sent & 0xff), len);
-            (void) tb_shm_ring_commit(&prod);
-            sent++;
-            continue;
-        }
-        /* Full (or done sending): consume a few. */
-        for (int i = 0; i < 3; ++i) {
-            tb_wire_erec_t h;
-            uint64_t end;
-            const uint8_t *p = tb_shm_ring_next(&cons, &h, &end);
-            uint32_t seq;
-            if (NULL == p) {
-                break;
-            }
-            ck_assert_int_eq(h.type, TB_EREC_SEND);
-            memcpy(&seq, p, 4);
-            ck_assert_uint_eq(seq, got);
-            ck_assert_uint_eq(h.len, (got * 7919u) % 3000u + 4);
-            for (size_t k = 4; k < h.len; ++k) {
-                ck_assert_uint_eq(p[k], got & 0xff);
-            }
-            tb_shm_ring_release_to(&cons, end);
-            got++;
-        }
-    }
-    ck_assert(!prod.broken && !cons.broken);
-    ck_assert(tb_shm_ring_drained(&prod));
-    free(seg);
-}
-END_TEST
-
-/* A record larger than a quarter ring is refused; a full ring says so. */
-START_TEST(ring_limits)
-{
-    void *seg = segment();
-    tb_shm_ring_t prod;
-    int n = 0;
-
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    ck_assert_ptr_null(tb_shm_ring_reserve(&prod, tb_shm_ring_max_record(&prod) + 1));
-    while (tb_shm_ring_reserve(&prod, 1000)) {
-        (void) tb_shm_ring_commit(&prod);
-        n++;
-    }
-    ck_assert_int_eq(n, RING / 1024);
-    ck_assert(!prod.broken);
-    free(seg);
-}
-END_TEST
-
-/* A producer that lies about its head or a record's length breaks the
- * ring for the consumer, which reads nothing outside it. */
-START_TEST(ring_hostile_producer)
-{
-    void *seg = segment();
-    tb_shm_ring_t prod, cons;
-    tb_wire_erec_t h, *rec;
-    uint64_t end;
-
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    tb_shm_ring_attach(&cons, seg, RING, 0, false);
-    atomic_store(&prod.ctrl->head, RING * 2);
-    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
-    ck_assert(cons.broken);
-
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    tb_shm_ring_attach(&cons, seg, RING, 0, false);
-    rec = tb_shm_ring_reserve(&prod, 16);
-    (void) tb_shm_ring_commit(&prod);
-    rec->len = RING; /* after the commit: the consumer reads it once */
-    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
-    ck_assert(cons.broken);
-
-    /* A PAD that does not reach the ring's end. */
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    tb_shm_ring_attach(&cons, seg, RING, 0, false);
-    rec = tb_shm_ring_reserve(&prod, 16);
-    rec->type = TB_EREC_PAD;
-    (void) tb_shm_ring_commit(&prod);
-    ck_assert_ptr_null(tb_shm_ring_next(&cons, &h, &end));
-    ck_assert(cons.broken);
-    free(seg);
-}
-END_TEST
-
-/* A consumer that moves its tail past the head breaks the ring for the
- * producer, which then writes nothing. */
-START_TEST(ring_hostile_consumer)
-{
-    void *seg = segment();
-    tb_shm_ring_t prod;
-
-    tb_shm_ring_attach(&prod, seg, RING, 0, true);
-    while (tb_shm_ring_reserve(&prod, 0)) {
-        (void) tb_shm_ring_commit(&prod);
-    }
-    atomic_store(&prod.ctrl->tail, prod.head + 4096);
-    ck_assert_ptr_null(tb_shm_ring_reserve(&prod, 16));
-    ck_assert(prod.broken);
-    free(seg);
-}
-END_TEST
 
 static char tmpdir[256];
 
@@ -868,10 +741,6 @@ int main(void)
     int failed;
 
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, ring_order_and_wrap);
-    tcase_add_test(tc, ring_limits);
-    tcase_add_test(tc, ring_hostile_producer);
-    tcase_add_test(tc, ring_hostile_consumer);
     tcase_add_test(tc, attach_no_device);
     tcase_add_test(tc, attach_refusals);
     tcase_add_test(tc, segment_sealed);
