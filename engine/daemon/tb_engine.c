@@ -30,7 +30,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->credit_window = 4u << 20;
     p->held_max = 8u << 20;
     p->idle_exit_ns = 60000000000ull;
-    p->spin_ns = 1000000ull;
+    p->spin_ns = 10000000ull;
     p->sleep_ns = 1000000ull;
     p->events = 1;
     p->yield = 1;
@@ -264,6 +264,7 @@ static int sleep_ms(tb_engine_t *e)
 }
 
 #define ENG_SLOW_PASS_NS 1000000000ull
+#define ENG_UPKEEP_SPIN_NS 50000ull
 
 static const char *const phase_name[ENG_PH_SLEEP] = {[ENG_PH_DEVICES] = "devices",
                                                      [ENG_PH_RANKS] = "ranks",
@@ -363,7 +364,10 @@ int tb_engine_run(tb_engine_t *e)
         } else {
             drain_end = 0;
         }
-        if (now - last_work < e->p.spin_ns) {
+        /* Spin for a while after messages moved (an answer is likely to
+         * come soon), briefly after the channels' own upkeep (keepalives
+         * must not keep an idle engine spinning). */
+        if (now - e->last_traffic_ns < e->p.spin_ns || now - last_work < ENG_UPKEEP_SPIN_NS) {
             /* The ranks may hold every core: one that has work runs now,
              * and the engine's next pass comes when they yield or their
              * slice ends. */

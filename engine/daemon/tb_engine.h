@@ -45,15 +45,16 @@ typedef struct tb_engine_params {
     uint64_t credit_window; /* bytes in flight to one remote rank */
     uint64_t held_max;      /* bytes one rank may have waiting for credit */
     uint64_t idle_exit_ns;  /* exit when no rank attached for this long */
-    uint64_t spin_ns;       /* poll without sleeping this long after the last work */
+    uint64_t spin_ns;       /* poll without sleeping this long after the last message */
     uint64_t sleep_ns;      /* longest sleep while channels are open */
     int events;             /* sleep on the devices' completion events where they have them */
     int yield;              /* give the CPU up at each idle pass of the spin */
 } tb_engine_params_t;
 
 /* Credit window 4 MiB, 8 MiB held per rank, exit after 60 s without a rank,
- * spin 1 ms yielding the CPU at each idle pass; completion events on: where the devices have them, a
- * completion wakes the engine, which sleeps 20 ms at a time while traffic
+ * spin 10 ms after the last message (50 us after other work) yielding the
+ * CPU at each idle pass; completion events on: where the devices have them,
+ * a completion wakes the engine, which sleeps 20 ms at a time while traffic
  * flows and 250 ms after a second without (without them, 1 ms). */
 void tb_engine_params_default(tb_engine_params_t *p);
 
