@@ -189,7 +189,7 @@ static int tbrdma_component_register(void)
                   "waits at the sender, so a process that stops reading holds back only what is "
                   "sent to it",
                   OPAL_INFO_LVL_6, &c->engine_credit_window);
-    c->engine_spin_us = 10000;
+    c->engine_spin_us = 1000;
     register_uint("engine_spin",
                   "Microseconds the host engine keeps polling, yielding its CPU when it finds "
                   "nothing, after the last message it moved before it sleeps (a doorbell or a "

@@ -30,7 +30,7 @@ void tb_engine_params_default(tb_engine_params_t *p)
     p->credit_window = 4u << 20;
     p->held_max = 8u << 20;
     p->idle_exit_ns = 60000000000ull;
-    p->spin_ns = 10000000ull;
+    p->spin_ns = 1000000ull;
     p->sleep_ns = 1000000ull;
     p->events = 1;
     p->yield = 1;

@@ -52,7 +52,7 @@ typedef struct tb_engine_params {
 } tb_engine_params_t;
 
 /* Credit window 4 MiB, 8 MiB held per rank, exit after 60 s without a rank,
- * spin 10 ms after the last message (50 us after other work) yielding the
+ * spin 1 ms after the last message (50 us after other work) yielding the
  * CPU at each idle pass; completion events on: where the devices have them,
  * a completion wakes the engine, which sleeps 20 ms at a time while traffic
  * flows and 250 ms after a second without (without them, 1 ms). */
