@@ -16,16 +16,25 @@
  * Prints "hop_rtt_ns_K <median ns per round trip>" for each K, and
  * "hop_cpu_ns_per_record <ns>": the rings' own CPU cost per record, written
  * and read on one thread; "line_rtt_ns <ns>": the floor, one cache line's
- * round trip between the same two cores.
+ * round trip between the same two cores; "hop_wake_rtt_ns <median ns>": a
+ * round trip that finds the engine asleep (it set its ring's waiting flag and
+ * blocks in poll() on a pipe, as the engine does on its socket after its
+ * spin), so the rank's commit rings a doorbell that wakes it: what the first
+ * message after idle adds on the sending host.  "hop_wake_busy_rtt_ns": the
+ * same with the engine's core kept busy by a thread of the lowest priority
+ * (SCHED_IDLE), which the woken engine preempts: the wake-up without the
+ * core's own return from idle (in a virtual machine, a halted vCPU's).
  *
  *   tb_ring_hop [--trips N] [--ranks K]...
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +222,138 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The engine that sleeps whenever its ring is empty: waiting flag, one more
+ * look, then poll() on the doorbell pipe. */
+typedef struct sleeper {
+    seg_t seg;
+    int bell[2];
+    atomic_int stop;
+    int failed;
+} sleeper_t;
+
+/* Keeps core 1 from idling, at a priority any woken thread preempts. */
+static void *burner_main(void *arg)
+{
+    atomic_int *stop = arg;
+#ifdef SCHED_IDLE
+    struct sched_param sp = {0};
+    (void) pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+#endif
+    pin(1);
+    while (!atomic_load_explicit(stop, memory_order_relaxed)) {
+    }
+    return NULL;
+}
+
+static void *sleepy_engine_main(void *arg)
+{
+    sleeper_t *z = arg;
+    pin(1);
+    while (!atomic_load_explicit(&z->stop, memory_order_relaxed)) {
+        tb_wire_erec_t hdr;
+        uint64_t end;
+        const void *p = tb_shm_ring_next(&z->seg.eng_rx, &hdr, &end);
+        if (NULL == p) {
+            tb_shm_ring_set_waiting(&z->seg.eng_rx, true);
+            if (!tb_shm_ring_readable(&z->seg.eng_rx)) {
+                struct pollfd pfd = {.fd = z->bell[0], .events = POLLIN};
+                char b[64];
+                if (poll(&pfd, 1, 100) > 0) {
+                    (void) read(z->bell[0], b, sizeof(b));
+                }
+            }
+            tb_shm_ring_set_waiting(&z->seg.eng_rx, false);
+            continue;
+        }
+        if (0 != send_record(&z->seg.eng_tx, TB_EREC_RECV, p, hdr.len)) {
+            z->failed = 1;
+            return NULL;
+        }
+        tb_shm_ring_release_to(&z->seg.eng_rx, end);
+    }
+    return NULL;
+}
+
+static int wake_cost(unsigned n, bool busy)
+{
+    size_t seglen = tb_shm_ring_segment_size(RING_SIZE);
+    sleeper_t z;
+    uint64_t *rtt = calloc(n, sizeof(*rtt)), payload = 0;
+    pthread_t engine, burner;
+    atomic_int burning = 0;
+    int rc = -1;
+
+    memset(&z, 0, sizeof(z));
+    z.seg.base = mmap(NULL, seglen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (NULL == rtt || MAP_FAILED == z.seg.base || 0 != pipe(z.bell)) {
+        fprintf(stderr, "tb_ring_hop: no memory or pipe for the wake-up test\n");
+        goto out;
+    }
+    tb_shm_ring_attach(&z.seg.rank_tx, z.seg.base, RING_SIZE, 0, true);
+    tb_shm_ring_attach(&z.seg.rank_rx, z.seg.base, RING_SIZE, 1, true);
+    tb_shm_ring_attach(&z.seg.eng_rx, z.seg.base, RING_SIZE, 0, false);
+    tb_shm_ring_attach(&z.seg.eng_tx, z.seg.base, RING_SIZE, 1, false);
+    tb_shm_ring_consumer_spins(&z.seg.eng_tx);
+    pin(0);
+    if (0 != pthread_create(&engine, NULL, sleepy_engine_main, &z)) {
+        fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
+        goto out;
+    }
+    if (busy && 0 != pthread_create(&burner, NULL, burner_main, &burning)) {
+        busy = false;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        struct timespec idle = {0, 2000000}; /* long enough for the engine to be asleep */
+        tb_wire_erec_t *rec, hdr;
+        uint64_t t0, end;
+        const void *p;
+        nanosleep(&idle, NULL);
+        t0 = clock_ns(CLOCK_MONOTONIC);
+        while (NULL == (rec = tb_shm_ring_reserve(&z.seg.rank_tx, sizeof(payload)))) {
+            if (z.seg.rank_tx.broken) {
+                goto stop;
+            }
+        }
+        rec->type = TB_EREC_SEND;
+        memcpy(rec + 1, &payload, sizeof(payload));
+        if (tb_shm_ring_commit(&z.seg.rank_tx) && 1 != write(z.bell[1], "", 1)) {
+            goto stop;
+        }
+        while (NULL == (p = tb_shm_ring_next(&z.seg.rank_rx, &hdr, &end))) {
+            if (z.seg.rank_rx.broken) {
+                goto stop;
+            }
+        }
+        tb_shm_ring_release_to(&z.seg.rank_rx, end);
+        rtt[i] = clock_ns(CLOCK_MONOTONIC) - t0;
+        payload++;
+    }
+    qsort(rtt, n, sizeof(*rtt), cmp_u64);
+    printf("%s %" PRIu64 "\n", busy ? "hop_wake_busy_rtt_ns" : "hop_wake_rtt_ns", rtt[n / 2]);
+    rc = 0;
+stop:
+    atomic_store(&z.stop, 1);
+    pthread_join(engine, NULL);
+    if (busy) {
+        atomic_store(&burning, 1);
+        pthread_join(burner, NULL);
+    }
+    if (0 != rc || z.failed) {
+        fprintf(stderr, "tb_ring_hop: the wake-up test failed\n");
+        rc = -1;
+    }
+out:
+    if (MAP_FAILED != z.seg.base && NULL != z.seg.base) {
+        munmap(z.seg.base, seglen);
+    }
+    if (z.bell[0] > 0) {
+        close(z.bell[0]);
+        close(z.bell[1]);
+    }
+    free(rtt);
+    return rc;
+}
+
 static int run(unsigned nranks, unsigned long trips)
 {
     size_t seglen = tb_shm_ring_segment_size(RING_SIZE);
@@ -305,7 +446,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "tb_ring_hop: needs two cores (the rank and the engine each spin on one)\n");
         return 2;
     }
-    if (0 != record_cost(trips) || 0 != line_floor(trips)) {
+    if (0 != record_cost(trips) || 0 != line_floor(trips) || 0 != wake_cost(200, false)
+        || 0 != wake_cost(200, true)) {
         return 1;
     }
     for (unsigned i = 0; i < nr; i++) {
