@@ -111,7 +111,6 @@ tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len)
     memset((uint8_t *) rec + sizeof(rec->stamp), 0, REC_HDR - sizeof(rec->stamp));
     rec->len = tb_wire_le32((uint32_t) len);
     r->pending = need;
-    r->reserved = rec;
     return rec;
 }
 
@@ -147,27 +146,24 @@ bool tb_shm_ring_commit(tb_shm_ring_t *r)
 {
     uint64_t pos = r->head;
 
-    if (NULL == r->reserved) {
+    /* A reservation is never empty: its header alone takes bytes. */
+    if (0 == r->pending) {
         return false;
     }
     r->head += r->pending;
     r->pending = 0;
-    r->reserved = NULL;
-    if (!r->fence) {
-        atomic_store_explicit(stamp_at(r, pos), stamp_of(r, pos), memory_order_release);
-        return false;
-    }
-    /* seq_cst: the stamp before the load of waiting (Dekker with a consumer
-     * that sets waiting and then looks at the stamp before it sleeps). */
-    atomic_store_explicit(stamp_at(r, pos), stamp_of(r, pos), memory_order_seq_cst);
-    return 0 != atomic_load_explicit(&r->ctrl->waiting, memory_order_seq_cst);
+    /* seq_cst where the consumer may sleep: the stamp before the load of
+     * waiting (Dekker with a consumer that sets waiting and then looks at
+     * the stamp before it sleeps). */
+    atomic_store_explicit(stamp_at(r, pos), stamp_of(r, pos),
+                          r->fence ? memory_order_seq_cst : memory_order_release);
+    return r->fence && 0 != atomic_load_explicit(&r->ctrl->waiting, memory_order_seq_cst);
 }
 
 void tb_shm_ring_cancel(tb_shm_ring_t *r)
 {
     /* A PAD already written stays: it is complete, and head is past it. */
     r->pending = 0;
-    r->reserved = NULL;
 }
 
 bool tb_shm_ring_drained(tb_shm_ring_t *r)

@@ -60,8 +60,7 @@ typedef struct tb_shm_ring {
     uint64_t cursor;  /* consumer: the next record to read */
     uint64_t head;    /* producer: the head being written */
     uint64_t tail;    /* producer: the last tail seen; consumer: released up to here */
-    uint64_t pending; /* producer: bytes reserved and not committed */
-    tb_wire_erec_t *reserved; /* producer: the reserved record */
+    uint64_t pending; /* producer: bytes reserved and not committed (0: none) */
     bool fence;       /* producer: the consumer may sleep (a full fence per commit) */
     bool broken;      /* the other side broke the ring's rules */
 } tb_shm_ring_t;
@@ -73,8 +72,7 @@ size_t tb_shm_ring_segment_size(uint64_t size);
 bool tb_shm_ring_size_ok(uint64_t size);
 
 /* Ring index (0 or 1) of a segment at base (mapped for size); init resets
- * the control block and draws the nonce (the creator,
- * before sharing it). */
+ * the control block and draws the nonce (the creator, before sharing it). */
 void tb_shm_ring_attach(tb_shm_ring_t *r, void *base, uint64_t size, unsigned index, bool init);
 /* Producer: this ring's consumer never sleeps (never sets waiting), so
  * commits need no full fence and never ask for a doorbell. */
