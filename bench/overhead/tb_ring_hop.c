@@ -80,6 +80,7 @@ static void pin(unsigned cpu)
 #endif
 }
 
+/* -1 when the ring broke, else whether the commit asked for a doorbell. */
 static int send_record(tb_shm_ring_t *r, uint8_t type, const void *payload, size_t len)
 {
     tb_wire_erec_t *rec;
@@ -94,8 +95,7 @@ static int send_record(tb_shm_ring_t *r, uint8_t type, const void *payload, size
     rec->vpid = 0;
     rec->reserved = 0;
     memcpy(rec + 1, payload, len);
-    (void) tb_shm_ring_commit(r);
-    return 0;
+    return tb_shm_ring_commit(r) ? 1 : 0;
 }
 
 /* Each pass looks at every rank's ring once, as the engine's loop does. */
@@ -112,7 +112,7 @@ static void *engine_main(void *arg)
             if (NULL == p) {
                 continue;
             }
-            if (0 != send_record(&s->eng_tx, TB_EREC_RECV, p, hdr.len)) {
+            if (send_record(&s->eng_tx, TB_EREC_RECV, p, hdr.len) < 0) {
                 b->engine_failed = 1;
                 return NULL;
             }
@@ -127,7 +127,7 @@ static int trip(seg_t *s, uint64_t *payload)
     tb_wire_erec_t hdr;
     uint64_t end;
     const void *p;
-    if (0 != send_record(&s->rank_tx, TB_EREC_SEND, payload, sizeof(*payload))) {
+    if (send_record(&s->rank_tx, TB_EREC_SEND, payload, sizeof(*payload)) < 0) {
         return -1;
     }
     while (NULL == (p = tb_shm_ring_next(&s->rank_rx, &hdr, &end))) {
@@ -162,7 +162,7 @@ static int record_cost(unsigned long n)
         tb_wire_erec_t hdr;
         uint64_t end;
         const void *p;
-        if (0 != send_record(&tx, TB_EREC_SEND, &payload, sizeof(payload)) ||
+        if (send_record(&tx, TB_EREC_SEND, &payload, sizeof(payload)) < 0 ||
             NULL == (p = tb_shm_ring_next(&rx, &hdr, &end))) {
             fprintf(stderr, "tb_ring_hop: a ring broke its rules\n");
             goto out;
@@ -265,7 +265,7 @@ static void *sleepy_engine_main(void *arg)
             tb_shm_ring_set_waiting(&z->seg.eng_rx, false);
             continue;
         }
-        if (0 != send_record(&z->seg.eng_tx, TB_EREC_RECV, p, hdr.len)) {
+        if (send_record(&z->seg.eng_tx, TB_EREC_RECV, p, hdr.len) < 0) {
             z->failed = 1;
             return NULL;
         }
@@ -304,19 +304,14 @@ static int wake_cost(unsigned n, bool busy)
     }
     for (unsigned i = 0; i < n; i++) {
         struct timespec idle = {0, 2000000}; /* long enough for the engine to be asleep */
-        tb_wire_erec_t *rec, hdr;
+        tb_wire_erec_t hdr;
         uint64_t t0, end;
         const void *p;
+        int bell;
         nanosleep(&idle, NULL);
         t0 = clock_ns(CLOCK_MONOTONIC);
-        while (NULL == (rec = tb_shm_ring_reserve(&z.seg.rank_tx, sizeof(payload)))) {
-            if (z.seg.rank_tx.broken) {
-                goto stop;
-            }
-        }
-        rec->type = TB_EREC_SEND;
-        memcpy(rec + 1, &payload, sizeof(payload));
-        if (tb_shm_ring_commit(&z.seg.rank_tx) && 1 != write(z.bell[1], "", 1)) {
+        bell = send_record(&z.seg.rank_tx, TB_EREC_SEND, &payload, sizeof(payload));
+        if (bell < 0 || (bell > 0 && 1 != write(z.bell[1], "", 1))) {
             goto stop;
         }
         while (NULL == (p = tb_shm_ring_next(&z.seg.rank_rx, &hdr, &end))) {

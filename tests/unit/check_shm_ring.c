@@ -45,20 +45,21 @@ static size_t rec_len(uint32_t seq)
     return 4 + (seq * 7919u) % 3000u;
 }
 
-static bool put_seq(tb_shm_ring_t *prod, uint32_t seq)
+/* Writes record number seq: -1 when it does not fit, else whether the
+ * commit asked for a doorbell (1) or not (0). */
+static int put_seq(tb_shm_ring_t *prod, uint32_t seq)
 {
     size_t len = rec_len(seq);
     tb_wire_erec_t *rec = tb_shm_ring_reserve(prod, len);
 
     if (NULL == rec) {
-        return false;
+        return -1;
     }
     rec->type = TB_EREC_SEND;
     rec->vpid = tb_wire_le32(seq);
     memcpy(rec + 1, &seq, 4);
     memset((uint8_t *) (rec + 1) + 4, (int) (seq & 0xff), len - 4);
-    (void) tb_shm_ring_commit(prod);
-    return true;
+    return tb_shm_ring_commit(prod) ? 1 : 0;
 }
 
 /* The next record must be number seq, whole. */
@@ -96,7 +97,7 @@ START_TEST(ring_order_and_wrap)
     tb_shm_ring_attach(&prod, seg, RING, 0, true);
     tb_shm_ring_attach(&cons, seg, RING, 0, false);
     while (got < 5000) {
-        if (sent < 5000 && put_seq(&prod, sent)) {
+        if (sent < 5000 && put_seq(&prod, sent) >= 0) {
             sent++;
             continue;
         }
@@ -152,7 +153,7 @@ START_TEST(ring_rewind)
 
     tb_shm_ring_attach(&prod, seg, RING, 0, true);
     tb_shm_ring_attach(&cons, seg, RING, 0, false);
-    ck_assert(put_seq(&prod, 7) && put_seq(&prod, 8));
+    ck_assert(put_seq(&prod, 7) >= 0 && put_seq(&prod, 8) >= 0);
     ck_assert_ptr_nonnull(tb_shm_ring_next(&cons, &h, &end));
     tb_shm_ring_rewind(&cons, 0);
     ck_assert(get_seq(&cons, 7) && get_seq(&cons, 8));
@@ -207,7 +208,6 @@ START_TEST(ring_waiting_flag)
 {
     void *seg = segment();
     tb_shm_ring_t prod, cons;
-    tb_wire_erec_t *rec;
 
     tb_shm_ring_attach(&prod, seg, RING, 0, true);
     tb_shm_ring_attach(&cons, seg, RING, 0, false);
@@ -217,10 +217,9 @@ START_TEST(ring_waiting_flag)
     ck_assert_ptr_nonnull(tb_shm_ring_reserve(&prod, 8));
     ck_assert(tb_shm_ring_commit(&prod));
     tb_shm_ring_consumer_spins(&prod);
-    ck_assert_ptr_nonnull(rec = tb_shm_ring_reserve(&prod, 8));
+    ck_assert_ptr_nonnull(tb_shm_ring_reserve(&prod, 8));
     ck_assert(!tb_shm_ring_commit(&prod));
     tb_shm_ring_set_waiting(&cons, false);
-    (void) rec;
     segment_free(seg);
 }
 END_TEST
@@ -272,17 +271,12 @@ START_TEST(ring_consumer_asleep)
     tb_shm_ring_attach(&s.cons, seg, RING, 0, false);
     ck_assert_int_eq(pthread_create(&th, NULL, sleeper_consumer, &s), 0);
     for (uint32_t i = 0; i < s.n;) {
-        size_t len = rec_len(i);
-        tb_wire_erec_t *rec = tb_shm_ring_reserve(&s.prod, len);
-        if (NULL == rec) {
+        int rc = put_seq(&s.prod, i);
+        if (rc < 0) {
             sched_yield();
             continue;
         }
-        rec->type = TB_EREC_SEND;
-        rec->vpid = tb_wire_le32(i);
-        memcpy(rec + 1, &i, 4);
-        memset((uint8_t *) (rec + 1) + 4, (int) (i & 0xff), len - 4);
-        if (tb_shm_ring_commit(&s.prod)) {
+        if (rc > 0) {
             ck_assert_int_eq(write(s.bell[1], "", 1), 1);
         }
         /* Pauses now and then, so that the consumer falls asleep. */
@@ -321,7 +315,7 @@ START_TEST(ring_producer_killed)
             tb_shm_ring_t prod;
             tb_shm_ring_attach(&prod, seg, RING, 0, false);
             for (uint32_t i = 0;;) {
-                i += put_seq(&prod, i) ? 1 : 0;
+                i += put_seq(&prod, i) >= 0 ? 1 : 0;
             }
         }
         /* Read while it writes, then kill it wherever it is. */
