@@ -359,6 +359,12 @@ static void sess_event(tb_cm_t *cm, cm_sess_t *s, short revents)
     }
 }
 
+/* What an exchange's socket waits for. */
+static short sess_poll_events(const cm_sess_t *s)
+{
+    return S_RECEIVING == s->state ? POLLIN : POLLOUT;
+}
+
 unsigned tb_cm_poll_fds(const tb_cm_t *cm, struct pollfd *out, unsigned max, uint64_t *wake_ns)
 {
     unsigned n = 0;
@@ -380,7 +386,7 @@ unsigned tb_cm_poll_fds(const tb_cm_t *cm, struct pollfd *out, unsigned max, uin
         }
         if (s->fd >= 0 && n < max) {
             out[n].fd = s->fd;
-            out[n].events = S_RECEIVING == s->state ? POLLIN : POLLOUT;
+            out[n].events = sess_poll_events(s);
             out[n++].revents = 0;
         }
     }
@@ -407,7 +413,7 @@ int tb_cm_progress(tb_cm_t *cm, uint64_t now_ns)
             continue;
         }
         pfd[n].fd = s->fd;
-        pfd[n].events = s->state == S_RECEIVING ? POLLIN : POLLOUT;
+        pfd[n].events = sess_poll_events(s);
         who[n++] = s;
     }
     if (poll(pfd, n, 0) > 0) {
