@@ -1,7 +1,7 @@
 /*
- * Unit tests of what connection setup rests on: SHA-256 and HMAC-SHA256
- * against the standards' test vectors, the pair key, and the checks of a
- * peer's modex entry.
+ * Unit tests of what connection setup rests on: SHA-256, HMAC-SHA256 and
+ * X25519 against the standards' test vectors, the pair key, and the checks
+ * of a peer's modex entry.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -14,6 +14,7 @@
 #include "tb_modex.h"
 #include "tb_sha256.h"
 #include "tb_wire.h"
+#include "tb_x25519.h"
 
 static void hex(const uint8_t *d, size_t n, char *out)
 {
@@ -104,6 +105,65 @@ START_TEST(pair_key_is_symmetric)
     sb[0] ^= 1;
     tb_cm_pair_key("alpha", 5, sa, "beta", 4, sb, k3);
     ck_assert_int_ne(memcmp(k1, k3, 32), 0);
+}
+END_TEST
+
+static void unhex(const char *h, uint8_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
+        out[i] = (uint8_t) v;
+    }
+}
+
+/* RFC 7748: the Diffie-Hellman example of section 6.1, and 1000 rounds of
+ * section 5.2's iteration (every limb and carry of the field is used). */
+START_TEST(x25519_vectors)
+{
+    static const uint8_t base[32] = {9};
+    uint8_t a[32], b[32], pa[32], pb[32], s1[32], s2[32], k[32] = {9}, u[32] = {9}, r[32];
+    char out[65];
+
+    unhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a", a, 32);
+    unhex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb", b, 32);
+    tb_x25519(pa, a, base);
+    tb_x25519(pb, b, base);
+    hex(pa, 32, out);
+    ck_assert_str_eq(out, "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a");
+    hex(pb, 32, out);
+    ck_assert_str_eq(out, "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f");
+    ck_assert_int_eq(tb_x25519_shared(s1, a, pb), 0);
+    ck_assert_int_eq(tb_x25519_shared(s2, b, pa), 0);
+    hex(s1, 32, out);
+    ck_assert_str_eq(out, "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742");
+    ck_assert_int_eq(memcmp(s1, s2, 32), 0);
+    for (int i = 0; i < 1000; i++) {
+        tb_x25519(r, k, u);
+        memcpy(u, k, 32);
+        memcpy(k, r, 32);
+    }
+    hex(k, 32, out);
+    ck_assert_str_eq(out, "684cf59ba83309552800ef566f2f4d3c1c3887c49360e3875f2eb94d99532c51");
+}
+END_TEST
+
+/* Fresh key pairs agree with each other, and a point of small order (whose
+ * shared secret anyone knows) is refused. */
+START_TEST(x25519_pairs_and_small_order)
+{
+    uint8_t pa[32], a[32], pb[32], b[32], s1[32], s2[32], zero[32] = {0}, one[32] = {1};
+
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(tb_x25519_keypair(pa, a), 0);
+        ck_assert_int_eq(tb_x25519_keypair(pb, b), 0);
+        ck_assert_int_eq(tb_x25519_shared(s1, a, pb), 0);
+        ck_assert_int_eq(tb_x25519_shared(s2, b, pa), 0);
+        ck_assert_int_eq(memcmp(s1, s2, 32), 0);
+        ck_assert_int_ne(memcmp(pa, pb, 32), 0);
+    }
+    ck_assert_int_eq(tb_x25519_shared(s1, a, zero), -1);
+    ck_assert_int_eq(tb_x25519_shared(s1, a, one), -1);
 }
 END_TEST
 
@@ -212,6 +272,8 @@ int main(void)
 
     tcase_add_test(tc, sha256_vectors);
     tcase_add_test(tc, hmac_vectors);
+    tcase_add_test(tc, x25519_vectors);
+    tcase_add_test(tc, x25519_pairs_and_small_order);
     tcase_add_test(tc, pair_key_is_symmetric);
     tcase_add_test(tc, modex_entry_checks);
     tcase_add_test(tc, engine_message_checks);
