@@ -479,9 +479,13 @@ uint16_t tb_cm_port(const tb_cm_t *cm)
     return cm->port;
 }
 
-void tb_cm_set_secret(tb_cm_t *cm, const uint8_t *secret)
+void cm_session_key(const tb_cm_t *cm, const void *peer_id, size_t id_len,
+                    const uint8_t *peer_secret, uint8_t key[TB_CM_KEY_SIZE])
 {
-    memcpy(cm->secret, secret, TB_WIRE_SECRET_SIZE);
+    /* A pairwise secret stands in both places: each end holds it for both. */
+    const uint8_t *own = cm->p.pairwise ? peer_secret : cm->secret;
+
+    tb_cm_pair_key(cm->id, cm->p.id_len, own, peer_id, id_len, peer_secret, key);
 }
 
 int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_cm_t **out)

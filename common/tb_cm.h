@@ -42,6 +42,7 @@
 #define TB_CM_H
 
 #include <poll.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,7 +71,7 @@ typedef struct tb_cm tb_cm_t;
 typedef struct tb_cm_callbacks {
     void *ctx;
     /* The secret (TB_WIRE_SECRET_SIZE bytes) of the process peer_id, from
-     * what the job published: 0, or non-zero when peer_id is not a process of
+     * what the job published (or with params.pairwise the pair's): 0, or non-zero when peer_id is not a process of
      * the job (its requests are then refused unheard).  Must not create
      * anything per identity asked for: callers choose the identities. */
     int (*peer_secret)(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
@@ -96,6 +97,11 @@ typedef struct tb_cm_params {
     uint64_t handshake_ns;  /* deadline for a caller to prove itself (0: TB_CM_HANDSHAKE_NS) */
     unsigned max_sessions;  /* sockets open at once */
     unsigned max_per_source; /* unproven callers per source address (0: TB_CM_PER_SOURCE) */
+    /* peer_secret gives the secret this process shares with the peer alone
+     * (a Diffie-Hellman result, so knowing what the job published does not
+     * let a third process pose as either), not the peer's own: secret is
+     * then not used. */
+    bool pairwise;
 } tb_cm_params_t;
 
 #define TB_CM_HANDSHAKE_NS 5000000000ull
@@ -121,9 +127,6 @@ void tb_cm_destroy(tb_cm_t *cm);
 
 /* The port listened on (host byte order). */
 uint16_t tb_cm_port(const tb_cm_t *cm);
-/* Replace this process's secret (for an owner that learns it after it had
- * to start listening); exchanges already under way keep their keys. */
-void tb_cm_set_secret(tb_cm_t *cm, const uint8_t *secret);
 
 /* Request a connection to the process peer_id listening at ip:port, sending
  * local.  The outcome comes through done(user).  0, or an error at once

@@ -110,6 +110,9 @@ struct tb_cm {
 
 /* tb_cm.c: keys, messages, sessions. */
 int cm_id_cmp(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+/* The key of an exchange with peer_id, from what peer_secret gave for it. */
+void cm_session_key(const tb_cm_t *cm, const void *peer_id, size_t id_len,
+                    const uint8_t *peer_secret, uint8_t key[TB_CM_KEY_SIZE]);
 void cm_mac_compute(const cm_sess_t *s, const char *label, const void *extra, size_t extra_len,
                     const void *msg, size_t len, uint8_t *mac);
 int cm_set_nonblocking(int fd);

@@ -160,7 +160,7 @@ int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_i
     snprintf(s->where, sizeof(s->where), "%s:%u", ip, (unsigned) port);
     memcpy(s->peer_id, peer_id, id_len);
     s->peer_id_len = id_len;
-    tb_cm_pair_key(cm->id, cm->p.id_len, cm->secret, peer_id, id_len, peer_secret, s->key);
+    cm_session_key(cm, peer_id, id_len, peer_secret, s->key);
     memset(peer_secret, 0, sizeof(peer_secret));
     s->local = *local;
     s->user = user;

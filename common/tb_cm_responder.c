@@ -107,7 +107,7 @@ static const char *request_check(tb_cm_t *cm, cm_sess_t *s)
     if (!known) {
         return "it claimed an identity that is not a process of this job";
     }
-    tb_cm_pair_key(cm->id, cm->p.id_len, cm->secret, m->id, m->id_len, peer_secret, s->key);
+    cm_session_key(cm, m->id, m->id_len, peer_secret, s->key);
     memset(peer_secret, 0, sizeof(peer_secret));
     cm_mac_compute(s, "TBCM request", NULL, 0, m, offsetof(tb_wire_cm_request_t, mac), mac);
     if (!tb_mem_equal_ct(mac, m->mac, sizeof(mac))) {

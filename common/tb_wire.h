@@ -222,15 +222,16 @@ _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header la
  * path says who owns the process's queue pairs: the process itself
  * (TB_MODEX_PATH_DIRECT: cm_port is its own connection manager), or its
  * host's engine (TB_MODEX_PATH_ENGINE: cm_port is the engine's, engine_id
- * names that engine, zero otherwise).  Two processes reach each other only
+ * names that engine and is its public key, zero otherwise).  Two processes reach each other only
  * over the same path.
  */
 #define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
-/* Version 4: the host engines count credit as engine protocol version 3 does
- * (engine/tb_eproto.h); engines meet only through their ranks' modex, so
- * this is what keeps engines of different versions apart. */
-#define TB_WIRE_MODEX_VERSION 4
-#define TB_WIRE_ENGINE_ID_SIZE 16
+/* Version 5: an engine's id is its X25519 public key (32 bytes), and
+ * engines prove it (engine protocol version 5, engine/tb_eproto.h); engines
+ * meet only through their ranks' modex, so this is what keeps engines of
+ * different versions apart. */
+#define TB_WIRE_MODEX_VERSION 5
+#define TB_WIRE_ENGINE_ID_SIZE 32
 
 enum {
     TB_MODEX_PATH_DIRECT = 0,
@@ -260,7 +261,7 @@ typedef struct __attribute__((packed)) tb_wire_modex {
 } tb_wire_modex_t;
 
 _Static_assert(sizeof(tb_wire_modex_dev_t) == 32, "modex device entry layout");
-_Static_assert(sizeof(tb_wire_modex_t) == 56, "modex header layout");
+_Static_assert(sizeof(tb_wire_modex_t) == 72, "modex header layout");
 
 /*
  * Connection setup over TCP (tb_cm.h), version 2.  Four fixed-size messages,

@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 4
+#define TB_WIRE_ENGINE_VERSION 5
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -84,7 +84,7 @@ typedef struct __attribute__((packed)) tb_wire_eattach_reply {
 
 _Static_assert(sizeof(tb_wire_eattach_t) == 56, "engine attach layout");
 _Static_assert(sizeof(tb_wire_edev_t) == 112, "engine device layout");
-_Static_assert(sizeof(tb_wire_eattach_reply_t) == 232 + 16 * 112, "engine attach reply layout");
+_Static_assert(sizeof(tb_wire_eattach_reply_t) == 248 + 16 * 112, "engine attach reply layout");
 
 /* A ring record: this header, then len bytes, padded to TB_WIRE_EREC_ALIGN. */
 #define TB_WIRE_EREC_ALIGN 32u /* a header (24 bytes) fits wherever a record may start */
@@ -151,8 +151,8 @@ typedef struct __attribute__((packed)) tb_wire_epeer {
 } tb_wire_epeer_t;
 
 _Static_assert(sizeof(tb_wire_erec_t) == 24, "ring record layout");
-_Static_assert(sizeof(tb_wire_eroute_t) == 48, "route record layout");
-_Static_assert(sizeof(tb_wire_epeer_t) == 24, "peer record layout");
+_Static_assert(sizeof(tb_wire_eroute_t) == 64, "route record layout");
+_Static_assert(sizeof(tb_wire_epeer_t) == 40, "peer record layout");
 
 /*
  * Between engines, over their channel: one header, then the payload; every

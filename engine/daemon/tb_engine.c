@@ -21,6 +21,7 @@
 #include "tb_log.h"
 #include "tb_random.h"
 #include "tb_usock.h"
+#include "tb_x25519.h"
 
 void tb_engine_params_default(tb_engine_params_t *p)
 {
@@ -421,7 +422,7 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
     }
     /* The largest record a rank's ring takes bounds every message. */
     e->max_record = TB_ENGINE_MAX_MSG;
-    if (0 != tb_random_bytes(e->id, sizeof(e->id))) {
+    if (0 != tb_x25519_keypair(e->id, e->id_priv)) {
         snprintf(err, errlen, "no random source for the engine's identity: %s", strerror(errno));
         goto fail;
     }

@@ -211,7 +211,10 @@ typedef struct eng_dev {
 
 struct tb_engine {
     tb_engine_params_t p;
+    /* Its identity is an X25519 public key, whose private half never leaves
+     * the engine: a peer engine is known by what only it can prove. */
     uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
+    uint8_t id_priv[TB_WIRE_ENGINE_ID_SIZE];
     uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
     uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
     bool have_key;

@@ -17,6 +17,8 @@
 #include "tb_log.h"
 #include "tb_namefilter.h"
 #include "tb_random.h"
+#include "tb_sha256.h"
+#include "tb_x25519.h"
 
 /* ---- devices ------------------------------------------------------------- */
 
@@ -39,7 +41,8 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         return -1;
     }
     e->devlist_open = true;
-    /* Until a rank gives the job's key, no exchange can be proven. */
+    /* Pairwise keys (cm_peer_secret) leave the process's own secret unused;
+     * a random one means it could prove nothing if it were. */
     if (0 != tb_random_bytes(secret, sizeof(secret))) {
         snprintf(why, whylen, "no random source: %s", strerror(errno));
         return -1;
@@ -71,6 +74,7 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         cp.id = e->id;
         cp.id_len = sizeof(e->id);
         cp.secret = secret;
+        cp.pairwise = true;
         cp.timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
         cp.max_sessions = 256;
         if (TB_CM_OK != tb_cm_create(&cp, &cb, &d->cm)) {
@@ -358,15 +362,26 @@ void tb_eng_peers_dial_waiting(tb_engine_t *e)
     }
 }
 
+/* What this engine shares with engine peer_id alone: their Diffie-Hellman
+ * secret (the engine id is its public key), bound to this job by its key.
+ * Knowing the job's key or anything the job published is not enough to
+ * pose as an engine; a member of the job once could, with the key alone. */
 static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
 {
+    static const char label[] = "tbrdma engine pair key";
     eng_dev_t *d = ctx;
+    uint8_t z[TB_X25519_SIZE];
+    tb_hmac_t h;
 
-    (void) peer_id;
-    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !d->e->have_key) {
+    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !d->e->have_key
+        || 0 != tb_x25519_shared(z, d->e->id_priv, peer_id)) {
         return -1;
     }
-    memcpy(secret, d->e->job_key, TB_WIRE_SECRET_SIZE);
+    tb_hmac_init(&h, d->e->job_key, sizeof(d->e->job_key));
+    tb_hmac_update(&h, label, sizeof(label));
+    tb_hmac_update(&h, z, sizeof(z));
+    tb_hmac_final(&h, secret);
+    memset(z, 0, sizeof(z));
     return 0;
 }
 

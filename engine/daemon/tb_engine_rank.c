@@ -248,9 +248,6 @@ static void set_job_key(eng_rank_t *r, const void *key)
     }
     memcpy(e->job_key, key, sizeof(e->job_key));
     e->have_key = true;
-    for (unsigned d = 0; d < e->ndev; ++d) {
-        tb_cm_set_secret(e->devs[d].cm, e->job_key);
-    }
     tb_eng_peers_dial_waiting(e);
 }
 

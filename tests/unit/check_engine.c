@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include "tb_clock.h"
+#include "tb_cm.h"
+#include "tb_crc32c.h"
 #include "tb_eclient.h"
 #include "tb_engine.h"
 #include "tb_engine_int.h"
@@ -33,7 +35,9 @@
 #include "tb_jobdir.h"
 #include "tb_shm_ring.h"
 #include "tb_shm_segment.h"
+#include "tb_sha256.h"
 #include "tb_usock.h"
+#include "tb_x25519.h"
 
 static char tmpdir[256];
 
@@ -382,6 +386,141 @@ START_TEST(attach_vpid_once)
     c2 = attach_ok("job5", 4);
     tb_eclient_detach(c0);
     tb_eclient_detach(c2);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
+/* A caller of an engine's connection manager, claiming an engine's identity:
+ * with pair set it holds the identity's private key and derives the pair's
+ * secret as an engine does; without, it knows only the job's key, as any
+ * member of the job does. */
+struct caller {
+    uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
+    uint8_t priv[TB_WIRE_ENGINE_ID_SIZE];
+    uint8_t job_key[TB_WIRE_SECRET_SIZE];
+    bool pair;
+    bool done;
+    int status;
+};
+
+static int caller_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
+{
+    static const char label[] = "tbrdma engine pair key";
+    struct caller *k = ctx;
+    uint8_t z[TB_X25519_SIZE];
+    tb_hmac_t h;
+
+    ck_assert_uint_eq(id_len, TB_WIRE_ENGINE_ID_SIZE);
+    if (!k->pair) {
+        memcpy(secret, k->job_key, TB_WIRE_SECRET_SIZE);
+        return 0;
+    }
+    ck_assert_int_eq(tb_x25519_shared(z, k->priv, peer_id), 0);
+    tb_hmac_init(&h, k->job_key, sizeof(k->job_key));
+    tb_hmac_update(&h, label, sizeof(label));
+    tb_hmac_update(&h, z, sizeof(z));
+    tb_hmac_final(&h, secret);
+    return 0;
+}
+
+static int caller_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
+                         tb_wire_addr_t *local, void **user)
+{
+    (void) ctx, (void) peer_id, (void) id_len, (void) peer, (void) local, (void) user;
+    return -1;
+}
+
+static void caller_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer,
+                        const char *why)
+{
+    struct caller *k = ctx;
+
+    (void) user, (void) peer, (void) why;
+    k->done = true;
+    k->status = status;
+}
+
+/* How the engine at 127.0.0.1:port, identity engine_id, answers k. */
+static int call_engine(struct caller *k, const uint8_t *engine_id, uint16_t port)
+{
+    tb_cm_callbacks_t cb = {
+        .ctx = k, .peer_secret = caller_secret, .accept = caller_accept, .done = caller_done};
+    tb_cm_params_t cp;
+    tb_wire_addr_t local;
+    tb_cm_t *cm = NULL;
+    uint64_t t0 = tb_now_ns();
+
+    memset(&cp, 0, sizeof(cp));
+    cp.bind_ip = "127.0.0.1";
+    cp.id = k->id;
+    cp.id_len = sizeof(k->id);
+    cp.secret = k->job_key;
+    cp.pairwise = k->pair;
+    cp.timeout_ns = 3000000000ull;
+    cp.max_sessions = 4;
+    ck_assert_int_eq(tb_cm_create(&cp, &cb, &cm), TB_CM_OK);
+    memset(&local, 0, sizeof(local));
+    local.magic = tb_wire_le32(TB_WIRE_ADDR_MAGIC);
+    local.version = TB_WIRE_VERSION;
+    local.nlanes = 2;
+    local.crc = tb_wire_le32(tb_crc32c(0, &local, TB_WIRE_ADDR_SIZE - 4));
+    k->done = false;
+    ck_assert_int_eq(tb_cm_connect(cm, "127.0.0.1", port, engine_id, TB_WIRE_ENGINE_ID_SIZE,
+                                   &local, k, tb_now_ns()),
+                     TB_CM_OK);
+    while (!k->done && tb_now_ns() - t0 < 10000000000ull) {
+        tb_cm_progress(cm, tb_now_ns());
+        usleep(1000);
+    }
+    tb_cm_destroy(cm);
+    ck_assert_msg(k->done, "the engine's connection manager never answered");
+    return k->status;
+}
+
+/* A member of the job poses as another engine: the engines' setup proves
+ * which engine calls, not only that it knows the job's key (it once did
+ * not, so any member could).  The engine's device makes no queue pair, so
+ * a caller that proves itself is refused by the engine itself
+ * (TB_CM_EREFUSED), one that does not is refused unheard. */
+START_TEST(engine_identity_proven)
+{
+    tb_eclient_t *c = NULL;
+    tb_engine_t *e;
+    struct caller genuine = {.pair = true}, impostor = {.pair = false};
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE], job_key[TB_WIRE_SECRET_SIZE];
+    uint16_t port;
+    pthread_t th;
+    char dir[400];
+    int rc;
+
+    e = start_fake_engine("job9", 13, dir, sizeof(dir), &th);
+    c = attach_ok("job9", 0);
+    memset(job_key, 0x5a, sizeof(job_key));
+    ck_assert_int_eq(tb_eclient_jobkey(c, job_key), 0);
+    memcpy(engine_id, tb_eclient_info(c)->engine_id, sizeof(engine_id));
+    port = tb_wire_le16(tb_eclient_info(c)->devices[0].cm_port);
+
+    ck_assert_int_eq(tb_x25519_keypair(genuine.id, genuine.priv), 0);
+    memcpy(genuine.job_key, job_key, sizeof(job_key));
+    impostor = genuine;
+    impostor.pair = false;
+    /* Until the engine has read the job's key nobody is proven. */
+    for (int i = 0; (rc = call_engine(&genuine, engine_id, port)) != TB_CM_EREFUSED && i < 50;
+         ++i) {
+        usleep(20000);
+    }
+    ck_assert_msg(TB_CM_EREFUSED == rc, "an engine holding its key was not heard: %s",
+                  tb_cm_strerror(rc));
+    rc = call_engine(&impostor, engine_id, port);
+    ck_assert_msg(TB_CM_EREFUSED != rc && TB_CM_OK != rc,
+                  "a caller with the job's key alone was taken for an engine");
+    genuine.id[0] ^= 1; /* a key pair that is not the identity claimed */
+    rc = call_engine(&genuine, engine_id, port);
+    ck_assert_msg(TB_CM_EREFUSED != rc && TB_CM_OK != rc,
+                  "a caller without the identity's private key was taken for that engine");
+
+    tb_eclient_detach(c);
     pthread_join(th, NULL);
     tb_engine_destroy(e);
 }
@@ -753,6 +892,7 @@ int main(void)
     tcase_add_test(tc, hostile_destinations);
     tcase_add_test(tc, hostile_engine_names);
     tcase_add_test(tc, attach_foreign_listener);
+    tcase_add_test(tc, engine_identity_proven);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
