@@ -84,6 +84,7 @@ struct mca_btl_base_endpoint_t {
     uint16_t route;
     bool route_sent;
     uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t peer_pid; /* the peer as its engine sees it (its modex entry) */
     bool loop; /* this process itself (btl_tbrdma_loop.c) */
     bool away_failed; /* failed while the keeper ran: ob1 is told at the next progress */
     char away_why[256];
@@ -172,6 +173,7 @@ typedef struct mca_btl_tbrdma_component_t {
     int engine_verbose;
     tb_eclient_t *engine;
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t engine_pid_of_me; /* this process as the engine saw it attach */
     bool engine_key_sent;
     unsigned next_route;
     /* Sends through the engine are complete once in the ring; ob1 hears it

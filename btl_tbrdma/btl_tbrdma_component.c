@@ -465,6 +465,7 @@ static int publish_modex(void)
     memcpy(mx->cm_secret, c->cm_secret, sizeof(mx->cm_secret));
     if (c->use_engine) {
         memcpy(mx->engine_id, c->engine_id, sizeof(mx->engine_id));
+        mx->pid = tb_wire_le32(c->engine_pid_of_me);
     }
     for (i = 0; i < c->num_modules; ++i) {
         const tb_device_t *dev = c->modules[i]->device;

@@ -33,6 +33,7 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
     ep->route = 0;
     ep->route_sent = false;
     memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
+    ep->peer_pid = 0;
     ep->loop = false;
     ep->away_failed = false;
     ep->away_why[0] = '\0';
@@ -272,6 +273,7 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_endpoint_create(mca_btl_tbrdma_module_t 
     if (c->use_engine) {
         ep->route = (uint16_t) c->next_route++;
         memcpy(ep->peer_engine, peer_mx->engine_id, sizeof(ep->peer_engine));
+        ep->peer_pid = tb_wire_le32(peer_mx->pid);
     }
     ep->module = module;
     ep->device = device;

@@ -153,6 +153,7 @@ int mca_btl_tbrdma_engine_start(char *err, size_t errlen)
         memcpy(d->gid.raw, info->devices[i].gid, sizeof(d->gid.raw));
     }
     memcpy(c->engine_id, info->engine_id, sizeof(c->engine_id));
+    c->engine_pid_of_me = tb_wire_le32(info->rank_pid);
     BTL_TBRDMA_VERBOSE(10, "attached to the host engine (pid %u, %d device%s, directory %s)",
                        (unsigned) tb_wire_le32(info->engine_pid), info->ndevices,
                        info->ndevices == 1 ? "" : "s", tb_eclient_dir(c->engine));
@@ -278,7 +279,7 @@ int mca_btl_tbrdma_engine_send(mca_btl_base_endpoint_t *ep, uint8_t tag, const s
     if (OPAL_SUCCESS != rc) {
         return rc;
     }
-    rc = tb_eclient_sendv(c->engine, ep->route, ep->name.vpid, tag, iov, iovcnt);
+    rc = tb_eclient_sendv(c->engine, ep->route, ep->name.vpid, ep->peer_pid, tag, iov, iovcnt);
     if (0 != rc) {
         c->ncompletions--;
     }
@@ -299,8 +300,8 @@ void *mca_btl_tbrdma_engine_send_begin(mca_btl_base_endpoint_t *ep, uint8_t tag,
     if (OPAL_SUCCESS != ensure_route(ep)) {
         return NULL;
     }
-    return tb_eclient_send_begin(mca_btl_tbrdma_component.engine, ep->route, ep->name.vpid, tag,
-                                 len);
+    return tb_eclient_send_begin(mca_btl_tbrdma_component.engine, ep->route, ep->name.vpid,
+                                 ep->peer_pid, tag, len);
 }
 
 void mca_btl_tbrdma_engine_send_commit(void)
@@ -375,8 +376,8 @@ static mca_btl_base_endpoint_t *endpoint_of(mca_btl_tbrdma_module_t *module, uin
     return ep;
 }
 
-static void on_recv(void *ctx, uint16_t link, uint32_t src, uint8_t tag, const void *data,
-                    size_t len)
+static void on_recv(void *ctx, uint16_t link, uint32_t src, uint32_t src_pid, uint8_t tag,
+                    const void *data, size_t len)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     bool host = 0 != (link & TB_ELINK_HOST);
@@ -386,13 +387,15 @@ static void on_recv(void *ctx, uint16_t link, uint32_t src, uint8_t tag, const v
     ep = endpoint_of(module_of_link(link, host), link, src);
 
     (void) ctx;
-    if (NULL == ep) {
+    if (NULL == ep || ep->peer_pid != src_pid) {
         uint64_t now = mca_btl_tbrdma_now_ns();
         if (now - c->last_drop_warn_ns >= 1000000000ull) {
             c->last_drop_warn_ns = now;
-            opal_output(0, "btl:tbrdma on %s: dropped a message claiming to come from rank %u: "
-                        "that rank is not behind the engine it came through",
-                        opal_process_info.nodename, (unsigned) src);
+            opal_output(0, "btl:tbrdma on %s: dropped a message claiming to come from rank %u: %s",
+                        opal_process_info.nodename, (unsigned) src,
+                        NULL == ep ? "that rank is not behind the engine it came through"
+                                   : "it came from another process than the one the job "
+                                     "published for that rank");
         }
         return;
     }
@@ -417,7 +420,7 @@ static void on_peer(void *ctx, uint16_t link, const tb_wire_epeer_t *info)
 
 /* Rank vpid behind link died: its endpoints on the link's cable and on the
  * host module. */
-static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
+static void on_gone(void *ctx, uint16_t link, uint32_t vpid, uint32_t pid, const char *why)
 {
     opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
 
@@ -431,7 +434,9 @@ static void on_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
             continue;
         }
         ep = mca_btl_tbrdma_module_find_endpoint(module, &name);
-        if (ep && 0 == memcmp(ep->peer_engine, engine_of_link(link), sizeof(ep->peer_engine))) {
+        /* A process that attached in the rank's name dies as itself. */
+        if (ep && ep->peer_pid == pid
+            && 0 == memcmp(ep->peer_engine, engine_of_link(link), sizeof(ep->peer_engine))) {
             mca_btl_tbrdma_endpoint_fail(ep, why);
         }
     }

@@ -22,7 +22,7 @@ int tb_modex_check(const void *buf, size_t len, const char **why)
     } else if (0 == mx->ndevices || mx->ndevices > TB_WIRE_MODEX_MAX_DEVICES
                || len != tb_modex_size(mx->ndevices)) {
         fault = "of a wrong size for its device count";
-    } else if (0 != mx->reserved || mx->path > TB_MODEX_PATH_ENGINE) {
+    } else if (0 != mx->reserved || 0 != mx->reserved2 || mx->path > TB_MODEX_PATH_ENGINE) {
         fault = "with reserved bits set";
     } else {
         for (unsigned i = 0; i < mx->ndevices; i++) {

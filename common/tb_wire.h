@@ -257,11 +257,13 @@ typedef struct __attribute__((packed)) tb_wire_modex {
     uint8_t reserved; /* zero */
     uint8_t cm_secret[TB_WIRE_SECRET_SIZE];
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t pid; /* TB_MODEX_PATH_ENGINE: this process, as its engine sees it */
+    uint32_t reserved2; /* zero */
     tb_wire_modex_dev_t devices[]; /* ndevices entries */
 } tb_wire_modex_t;
 
 _Static_assert(sizeof(tb_wire_modex_dev_t) == 32, "modex device entry layout");
-_Static_assert(sizeof(tb_wire_modex_t) == 72, "modex header layout");
+_Static_assert(sizeof(tb_wire_modex_t) == 80, "modex header layout");
 
 /*
  * Connection setup over TCP (tb_cm.h), version 2.  Four fixed-size messages,

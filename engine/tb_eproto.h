@@ -77,6 +77,10 @@ typedef struct __attribute__((packed)) tb_wire_eattach_reply {
     uint8_t reserved;
     uint32_t engine_pid;
     uint32_t max_record; /* the largest record payload either ring takes */
+    /* The rank's own pid as the engine saw it on the socket (its pid
+     * namespace may differ): the pid the rank publishes, and the one every
+     * message for it must name (tb_wire_erec_t). */
+    uint32_t rank_pid;
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
     char why[200]; /* NUL-terminated */
     tb_wire_edev_t devices[TB_WIRE_ENGINE_MAX_DEVICES];
@@ -84,7 +88,7 @@ typedef struct __attribute__((packed)) tb_wire_eattach_reply {
 
 _Static_assert(sizeof(tb_wire_eattach_t) == 56, "engine attach layout");
 _Static_assert(sizeof(tb_wire_edev_t) == 112, "engine device layout");
-_Static_assert(sizeof(tb_wire_eattach_reply_t) == 248 + 16 * 112, "engine attach reply layout");
+_Static_assert(sizeof(tb_wire_eattach_reply_t) == 252 + 16 * 112, "engine attach reply layout");
 
 /* A ring record: this header, then len bytes, padded to TB_WIRE_EREC_ALIGN. */
 #define TB_WIRE_EREC_ALIGN 32u /* a header (24 bytes) fits wherever a record may start */
@@ -125,7 +129,11 @@ typedef struct __attribute__((packed)) tb_wire_erec {
     uint8_t tag;   /* SEND, RECV: the message's tag */
     uint16_t link; /* SEND, ROUTE: the rank's route; RECV..DOWN: the engine's peer */
     uint32_t vpid; /* SEND: destination; RECV, GONE: source */
-    uint32_t reserved;
+    /* SEND: the destination's pid as its modex entry says; RECV, GONE: the
+     * source's pid as its engine saw it attach (the socket's credentials,
+     * not the rank's word).  A process that attached under another rank's
+     * vpid so neither receives that rank's messages nor passes for it. */
+    uint32_t pid;
 } tb_wire_erec_t;
 
 enum {
@@ -174,10 +182,12 @@ typedef struct __attribute__((packed)) tb_wire_emsg {
     uint8_t tag;
     uint8_t flags; /* TB_EMSG_F_* */
     uint8_t reserved[2];
-    uint32_t credit; /* CREDIT */
+    uint32_t credit;  /* CREDIT */
+    uint32_t src_pid; /* DATA, GONE: as the source's engine saw it attach */
+    uint32_t dst_pid; /* DATA: as the sender read it in the modex */
 } tb_wire_emsg_t;
 
-_Static_assert(sizeof(tb_wire_emsg_t) == 16, "engine message layout");
+_Static_assert(sizeof(tb_wire_emsg_t) == 24, "engine message layout");
 
 /* Credit between engines (per destination rank, the receiving engine's
  * window) counts what a DATA message costs its receiver, not only its

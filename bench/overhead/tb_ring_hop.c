@@ -93,7 +93,7 @@ static int send_record(tb_shm_ring_t *r, uint8_t type, const void *payload, size
     rec->tag = 1;
     rec->link = 0;
     rec->vpid = 0;
-    rec->reserved = 0;
+    rec->pid = 0;
     memcpy(rec + 1, payload, len);
     return tb_shm_ring_commit(r) ? 1 : 0;
 }

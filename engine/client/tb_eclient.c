@@ -521,7 +521,7 @@ static void ring_doorbell(tb_eclient_t *c, char b)
 }
 
 static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                      const struct iovec *iov, int iovcnt)
+                      uint32_t pid, const struct iovec *iov, int iovcnt)
 {
     size_t len = 0;
     int rc;
@@ -535,7 +535,7 @@ static int put_record(tb_eclient_t *c, uint8_t type, uint8_t tag, uint16_t link,
     if (len > TB_ENGINE_MAX_MSG) {
         return -EMSGSIZE;
     }
-    rc = tb_shm_ring_put(&c->tx, type, tag, link, vpid, iov, iovcnt);
+    rc = tb_shm_ring_put(&c->tx, type, tag, link, vpid, pid, iov, iovcnt);
     if (rc < 0) {
         return c->tx.broken ? -EPIPE : -EAGAIN;
     }
@@ -549,24 +549,24 @@ int tb_eclient_route(tb_eclient_t *c, uint16_t route, const tb_wire_eroute_t *rt
 {
     struct iovec iov = {.iov_base = (void *) rt, .iov_len = sizeof(*rt)};
 
-    return put_record(c, TB_EREC_ROUTE, 0, route, 0, &iov, 1);
+    return put_record(c, TB_EREC_ROUTE, 0, route, 0, 0, &iov, 1);
 }
 
 int tb_eclient_jobkey(tb_eclient_t *c, const uint8_t *key)
 {
     struct iovec iov = {.iov_base = (void *) key, .iov_len = TB_WIRE_SECRET_SIZE};
 
-    return put_record(c, TB_EREC_JOBKEY, 0, 0, 0, &iov, 1);
+    return put_record(c, TB_EREC_JOBKEY, 0, 0, 0, 0, &iov, 1);
 }
 
-int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
-                     const struct iovec *iov, int iovcnt)
+int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,
+                     uint8_t tag, const struct iovec *iov, int iovcnt)
 {
-    return put_record(c, TB_EREC_SEND, tag, route, dst, iov, iovcnt);
+    return put_record(c, TB_EREC_SEND, tag, route, dst, dst_pid, iov, iovcnt);
 }
 
-void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
-                            size_t len)
+void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,
+                            uint8_t tag, size_t len)
 {
     tb_wire_erec_t *rec;
 
@@ -581,6 +581,7 @@ void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8
     rec->tag = tag;
     rec->link = tb_wire_le16(route);
     rec->vpid = tb_wire_le32(dst);
+    rec->pid = tb_wire_le32(dst_pid);
     return rec + 1;
 }
 
@@ -661,7 +662,7 @@ int tb_eclient_progress(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *c
     while (n < max && NULL != (p = tb_shm_ring_next(&c->rx, &rec, &end))) {
         switch (rec.type) {
         case TB_EREC_RECV:
-            h->recv(ctx, rec.link, rec.vpid, rec.tag, p, rec.len);
+            h->recv(ctx, rec.link, rec.vpid, rec.pid, rec.tag, p, rec.len);
             break;
         case TB_EREC_PEER:
             if (sizeof(tb_wire_epeer_t) == rec.len) {
@@ -675,7 +676,7 @@ int tb_eclient_progress(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *c
             snprintf(why, sizeof(why), "%.*s", (int) (rec.len < 255 ? rec.len : 255),
                      (const char *) p);
             if (TB_EREC_GONE == rec.type) {
-                h->gone(ctx, rec.link, rec.vpid, why);
+                h->gone(ctx, rec.link, rec.vpid, rec.pid, why);
             } else {
                 h->down(ctx, rec.link, 0 != rec.tag, why);
             }
@@ -700,7 +701,7 @@ void tb_eclient_detach(tb_eclient_t *c)
     if (!c->lost) {
         uint64_t end = tb_now_ns() + 1000000000ull;
         /* BYE must get into the ring: the engine reads it before the close. */
-        while (0 != put_record(c, TB_EREC_BYE, 0, 0, 0, NULL, 0) && tb_now_ns() < end
+        while (0 != put_record(c, TB_EREC_BYE, 0, 0, 0, 0, NULL, 0) && tb_now_ns() < end
                && !c->tx.broken) {
             sleep_ms(1);
         }

@@ -55,24 +55,29 @@ const char *tb_eclient_dir(const tb_eclient_t *c);
  * -EMSGSIZE, or -EPIPE (the engine is gone). */
 int tb_eclient_route(tb_eclient_t *c, uint16_t route, const tb_wire_eroute_t *rt);
 int tb_eclient_jobkey(tb_eclient_t *c, const uint8_t *key);
-int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
-                     const struct iovec *iov, int iovcnt);
+/* A message for rank dst, which the job published as process dst_pid: the
+ * engines deliver it to that process only. */
+int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,
+                     uint8_t tag, const struct iovec *iov, int iovcnt);
 /* Fast path: room for len bytes of a message in the ring, or NULL (use
  * tb_eclient_sendv to learn why).  Then commit or cancel. */
-void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint8_t tag,
-                            size_t len);
+void *tb_eclient_send_begin(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,
+                            uint8_t tag, size_t len);
 void tb_eclient_send_commit(tb_eclient_t *c);
 void tb_eclient_send_cancel(tb_eclient_t *c);
 
 typedef struct tb_eclient_handlers {
     /* A message from rank src through the engine's link peer (announced
      * before by peer, or TB_ELINK_LOCAL + device), with TB_ELINK_HOST when
-     * it was sent over a host-wide route (tb_wire.h). */
-    void (*recv)(void *ctx, uint16_t peer, uint32_t src, uint8_t tag, const void *data,
-                 size_t len);
+     * it was sent over a host-wide route (tb_wire.h).  src_pid is the
+     * sending process as its engine saw it attach: it is rank src only if
+     * the job published that pid for src. */
+    void (*recv)(void *ctx, uint16_t peer, uint32_t src, uint32_t src_pid, uint8_t tag,
+                 const void *data, size_t len);
     void (*peer)(void *ctx, uint16_t peer, const tb_wire_epeer_t *info);
-    /* Rank vpid behind peer died. */
-    void (*gone)(void *ctx, uint16_t peer, uint32_t vpid, const char *why);
+    /* The process pid, attached as rank vpid behind peer, died (or, with
+     * the pid a send named, is not there). */
+    void (*gone)(void *ctx, uint16_t peer, uint32_t vpid, uint32_t pid, const char *why);
     /* The link peer ended: closed (its ranks all finalized) or failed. */
     void (*down)(void *ctx, uint16_t peer, bool closed, const char *why);
     /* This host's engine is gone (reported once). */

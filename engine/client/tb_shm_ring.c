@@ -115,7 +115,7 @@ tb_wire_erec_t *tb_shm_ring_reserve(tb_shm_ring_t *r, size_t len)
 }
 
 int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                    const struct iovec *iov, int iovcnt)
+                    uint32_t pid, const struct iovec *iov, int iovcnt)
 {
     tb_wire_erec_t *rec;
     uint8_t *dst;
@@ -132,6 +132,7 @@ int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, 
     rec->tag = tag;
     rec->link = tb_wire_le16(link);
     rec->vpid = tb_wire_le32(vpid);
+    rec->pid = tb_wire_le32(pid);
     dst = (uint8_t *) (rec + 1);
     for (int i = 0; i < iovcnt; ++i) {
         if (iov[i].iov_len) {

@@ -96,7 +96,7 @@ void tb_shm_ring_cancel(tb_shm_ring_t *r);
  * the consumer asked for a doorbell, 0 when not, -1 when it does not fit
  * (r->broken says whether the ring is broken). */
 int tb_shm_ring_put(tb_shm_ring_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                    const struct iovec *iov, int iovcnt);
+                    uint32_t pid, const struct iovec *iov, int iovcnt);
 /* Producer: nothing written is still unconsumed. */
 bool tb_shm_ring_drained(tb_shm_ring_t *r);
 

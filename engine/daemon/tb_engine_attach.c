@@ -60,8 +60,8 @@ static void local_rank_gone(eng_rank_t *r, const char *why)
             continue;
         }
         for (unsigned d = 0; d < e->ndev; ++d) {
-            tb_eng_rank_post(o, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), r->vpid, why,
-                             strlen(why), NULL, 0);
+            tb_eng_rank_post(o, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), r->vpid,
+                             (uint32_t) r->pid, why, strlen(why), NULL, 0);
         }
     }
 }
@@ -88,12 +88,12 @@ void tb_eng_rank_fail(eng_rank_t *r, const char *why)
         snprintf(text, sizeof(text), "rank %u (pid %d) on the engine's host %s", (unsigned) r->vpid,
                  (int) r->pid, why);
         TB_WARN("%s", text);
-        tb_eng_peers_rank_gone(r->e, r->vpid, text);
+        tb_eng_peers_rank_gone(r->e, r->vpid, (uint32_t) r->pid, text);
         local_rank_gone(r, text);
     }
 }
 
-static void reply_attach(tb_engine_t *e, int fd, uint8_t status, const char *why)
+static void reply_attach(tb_engine_t *e, int fd, pid_t pid, uint8_t status, const char *why)
 {
     tb_wire_eattach_reply_t rep;
 
@@ -103,6 +103,7 @@ static void reply_attach(tb_engine_t *e, int fd, uint8_t status, const char *why
     rep.status = status;
     rep.engine_pid = tb_wire_le32((uint32_t) getpid());
     rep.max_record = tb_wire_le32(e->max_record);
+    rep.rank_pid = tb_wire_le32((uint32_t) pid);
     memcpy(rep.engine_id, e->id, sizeof(rep.engine_id));
     snprintf(rep.why, sizeof(rep.why), "%s", why ? why : "");
     if (TB_EATTACH_OK == status) {
@@ -200,12 +201,12 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
         return;
     }
     if (TB_WIRE_ENGINE_MAGIC != tb_wire_le32(req.magic) || TB_WIRE_ENGINE_VERSION != req.version) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "another tbrdma version's engine runs for this "
-                                                "job (mixed installations?)");
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED,
+                     "another tbrdma version's engine runs for this job (mixed installations?)");
         goto refuse;
     }
     if (!key_equal(req.key, e->key)) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "wrong job key");
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED, "wrong job key");
         goto refuse;
     }
     /* A vpid is one process's: a second claim of a live one (another
@@ -219,12 +220,12 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
             snprintf(text, sizeof(text), "rank %u is attached already (pid %d); pid %d claims it too",
                      (unsigned) o->vpid, (int) o->pid, (int) pid);
             TB_WARN("refused an attach: %s", text);
-            reply_attach(e, fd, TB_EATTACH_REFUSED, text);
+            reply_attach(e, fd, pid, TB_EATTACH_REFUSED, text);
             goto refuse;
         }
     }
     if (e->ndev == 0) {
-        reply_attach(e, fd, TB_EATTACH_NODEV, e->nodev_why);
+        reply_attach(e, fd, pid, TB_EATTACH_NODEV, e->nodev_why);
         /* Kept open so the engine lives while ranks may still ask. */
     }
     for (i = 0; i < ENG_MAX_RANKS; ++i) {
@@ -235,19 +236,20 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     }
     if (NULL == r) {
         if (e->ndev) {
-            reply_attach(e, fd, TB_EATTACH_FULL, "the engine serves at most 64 ranks per host");
+            reply_attach(e, fd, pid, TB_EATTACH_FULL,
+                         "the engine serves at most 64 ranks per host");
         }
         goto refuse;
     }
     seg_len = tb_shm_ring_segment_size(tb_wire_le64(req.ring_size));
     if (e->ndev && (!tb_shm_ring_size_ok(tb_wire_le64(req.ring_size))
                     || tb_wire_le64(req.ring_size) < TB_ENGINE_MIN_RING)) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "bad ring size");
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED, "bad ring size");
         goto refuse;
     }
     /* A segment the rank could still shrink would fault the engine's accesses. */
     if (e->ndev && NULL != (why = tb_shm_segment_check(shm, seg_len))) {
-        reply_attach(e, fd, TB_EATTACH_REFUSED, why);
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED, why);
         goto refuse;
     }
     memset(r, 0, sizeof(*r));
@@ -275,7 +277,7 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     r->routes = malloc(ENG_MAX_ROUTES * sizeof(*r->routes));
     if (MAP_FAILED == seg || NULL == r->routes) {
         r->seg = NULL;
-        reply_attach(e, fd, TB_EATTACH_REFUSED, "the engine cannot map the rings");
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED, "the engine cannot map the rings");
         r->state = ENG_RANK_DEAD;
         if (MAP_FAILED != seg) {
             munmap(seg, seg_len);
@@ -293,7 +295,7 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     tb_shm_ring_attach(&r->rx, seg, tb_wire_le64(req.ring_size), 1, false);
     /* A rank polls its ring and never sleeps on it: no doorbell to ask for. */
     tb_shm_ring_consumer_spins(&r->rx);
-    reply_attach(e, fd, TB_EATTACH_OK, NULL);
+    reply_attach(e, fd, pid, TB_EATTACH_OK, NULL);
     TB_INFO("rank %u (pid %d) attached", (unsigned) r->vpid, (int) pid);
     return;
 

@@ -95,6 +95,7 @@ typedef struct eng_msg {
     uint8_t tag;
     uint16_t link;
     uint32_t vpid; /* record: the source; waiting for credit: the destination */
+    uint32_t pid;  /* record: as tb_wire_erec_t's */
     int src_slot;  /* waiting for credit: the sending rank's slot, -1 once it left */
     size_t len;
     uint8_t data[];
@@ -219,6 +220,7 @@ struct tb_engine {
     uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
     bool have_key;
     tb_log_limit_t key_warn; /* warnings of a different job key */
+    tb_log_limit_t pid_warn; /* messages for a rank whose pid is not the one expected */
     tb_device_list_t devlist;
     bool devlist_open;
     unsigned ndev;
@@ -254,8 +256,11 @@ int tb_eng_rank_tx_progress(eng_rank_t *r);
 int tb_eng_rank_flush_overflow(eng_rank_t *r);
 int tb_eng_rank_credit_progress(eng_rank_t *r);
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid);
+/* r is the process pid (as its socket's credentials said at attach): the
+ * one the job published for r's vpid, so the one messages for it are for. */
+bool tb_eng_rank_is(const eng_rank_t *r, uint32_t pid);
 void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                      const void *a, size_t alen, const void *b, size_t blen);
+                      uint32_t pid, const void *a, size_t alen, const void *b, size_t blen);
 void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p);
 void tb_eng_rank_fail(eng_rank_t *r, const char *why);
 eng_txrec_t *tb_eng_txq_push(eng_rank_t *r, uint64_t end);
@@ -311,7 +316,7 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
                       uint16_t link);
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
-void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why);
+void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why);
 size_t tb_eng_peers_unacked(tb_engine_t *e);
 unsigned tb_eng_peers_open(tb_engine_t *e);
 void tb_eng_peers_close(tb_engine_t *e);

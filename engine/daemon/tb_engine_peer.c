@@ -288,7 +288,7 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
         eng_rank_t *r = &e->ranks[i];
         if (ENG_RANK_ATTACHED == r->state) {
             tb_eng_rank_announce(r, p);
-            tb_eng_rank_post(r, TB_EREC_DOWN, closed ? 1 : 0, (uint16_t) p->idx, 0, text,
+            tb_eng_rank_post(r, TB_EREC_DOWN, closed ? 1 : 0, (uint16_t) p->idx, 0, 0, text,
                              strlen(text), NULL, 0);
         }
     }
@@ -536,8 +536,8 @@ static tb_channel_t *peer_channel(eng_peer_t *p)
  * (an idle or connecting peer's ranks must hear of a death too), is not
  * lost: it waits in the peer's notice list (send_notices), and so does any
  * sent while that list is not empty, so notices keep their order. */
-static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
-                      const char *text, bool keep)
+static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid, uint32_t dst,
+                      uint32_t credit, const char *text, bool keep)
 {
     tb_channel_t *ch = peer_channel(p);
     tb_wire_emsg_t h;
@@ -557,6 +557,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     }
     memset(&h, 0, sizeof(h));
     h.src = tb_wire_le32(src);
+    h.src_pid = tb_wire_le32(src_pid);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
     slot = behind ? NULL : tb_channel_send_begin(ch, tag, sizeof(h) + tlen);
@@ -655,7 +656,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     }
     memset(&em, 0, sizeof(em));
     em.src = tb_wire_le32(r->vpid);
+    em.src_pid = tb_wire_le32((uint32_t) r->pid);
     em.dst = tb_wire_le32(h->vpid);
+    em.dst_pid = tb_wire_le32(h->pid);
     em.tag = h->tag;
     em.flags = host ? TB_EMSG_F_HOST : 0;
     /* Nothing goes into a channel before it is set up: a setup that is
@@ -711,10 +714,22 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
         tb_eng_tx_consumed(r, end);
         return 1;
     }
+    if (!tb_eng_rank_is(dst, h->pid)) {
+        /* The sender alone hears it: its word on the pid is only its own. */
+        char why[200];
+        snprintf(why, sizeof(why), "rank %u on this host is pid %d, not the pid %u the job "
+                 "published for it: another process attached in its name",
+                 (unsigned) dst->vpid, (int) dst->pid, (unsigned) h->pid);
+        tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) (link & ~TB_ELINK_HOST), h->vpid, h->pid,
+                         why, strlen(why), NULL, 0);
+        tb_eng_tx_consumed(r, end);
+        return 1;
+    }
     if (dst->ovf_bytes > r->e->p.held_max) {
         return 0;
     }
-    tb_eng_rank_post(dst, TB_EREC_RECV, h->tag, link, r->vpid, payload, h->len, NULL, 0);
+    tb_eng_rank_post(dst, TB_EREC_RECV, h->tag, link, r->vpid, (uint32_t) r->pid, payload, h->len,
+                     NULL, 0);
     tb_eng_tx_consumed(r, end);
     return 1;
 }
@@ -836,7 +851,7 @@ static int return_credit(eng_peer_t *p)
             still = true;
             continue;
         }
-        if (send_ctrl(p, TB_ETAG_CREDIT, 0, r->vpid, (uint32_t) p->ret[s], NULL, false)) {
+        if (send_ctrl(p, TB_ETAG_CREDIT, 0, 0, r->vpid, (uint32_t) p->ret[s], NULL, false)) {
             p->delivered[s] -= p->ret[s] < p->delivered[s] ? p->ret[s] : p->delivered[s];
             p->ret[s] = 0;
             ++n;
@@ -915,6 +930,16 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             /* The rank left or died; its senders learn it from GONE. */
             return;
         }
+        if (!tb_eng_rank_is(r, tb_wire_le32(h.dst_pid))) {
+            /* Not the process the sender's job published: never delivered.
+             * No GONE back, which would end every sender's traffic to that
+             * rank on one sender's word. */
+            tb_log_limited(&e->pid_warn, tb_now_ns(), TB_LOG_WARN,
+                           "dropped a message for rank %u: it is pid %d here, the sender "
+                           "expected pid %u (another process attached in its name?)",
+                           (unsigned) dst, (int) r->pid, (unsigned) tb_wire_le32(h.dst_pid));
+            return;
+        }
         /* As the sender counts (credit_ok): one message may exceed the
          * window only when nothing else is outstanding. */
         if (0 != p->delivered[r->slot]
@@ -933,7 +958,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         tb_eng_rank_announce(r, p);
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
                          (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
-                         src, payload, plen, NULL, 0);
+                         src, tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
         if (NULL != (d = dst_of(p, dst, -1))) {
@@ -962,8 +987,8 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             r = &e->ranks[i];
             if (ENG_RANK_ATTACHED == r->state) {
                 tb_eng_rank_announce(r, p);
-                tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) p->idx, src, why, strlen(why),
-                                 NULL, 0);
+                tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) p->idx, src,
+                                 tb_wire_le32(h.src_pid), why, strlen(why), NULL, 0);
             }
         }
         return;
@@ -1010,12 +1035,12 @@ void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
     r->held_bytes = 0;
 }
 
-void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, const char *why)
+void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why)
 {
     /* Kept when the channel is full of data: the peer's ranks would wait for
      * the dead one until something else ended the job. */
     for (unsigned i = 0; i < e->npeers; ++i) {
-        (void) send_ctrl(e->peers[i], TB_ETAG_GONE, vpid, 0, 0, why, true);
+        (void) send_ctrl(e->peers[i], TB_ETAG_GONE, vpid, pid, 0, 0, why, true);
     }
 }
 

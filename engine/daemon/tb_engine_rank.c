@@ -16,11 +16,11 @@
 
 /* Write a record into the rank's ring now, or false if it has no room. */
 static bool rx_write(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                     const void *a, size_t alen, const void *b, size_t blen)
+                     uint32_t pid, const void *a, size_t alen, const void *b, size_t blen)
 {
     const struct iovec iov[2] = {{(void *) a, alen}, {(void *) b, blen}};
 
-    return tb_shm_ring_put(&r->rx, type, tag, link, vpid, iov, 2) >= 0;
+    return tb_shm_ring_put(&r->rx, type, tag, link, vpid, pid, iov, 2) >= 0;
 }
 
 /* Keep the rank's credit accounting: a RECV of bytes from peer ends at the
@@ -84,7 +84,7 @@ int tb_eng_rank_flush_overflow(eng_rank_t *r)
 
     while (r->ovf_head) {
         eng_msg_t *m = r->ovf_head;
-        if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->data, m->len, NULL, 0)) {
+        if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->pid, m->data, m->len, NULL, 0)) {
             break;
         }
         if (0 != rxq_push(r, m->type, m->link, (uint32_t) m->len)) {
@@ -103,14 +103,14 @@ int tb_eng_rank_flush_overflow(eng_rank_t *r)
 }
 
 void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
-                      const void *a, size_t alen, const void *b, size_t blen)
+                      uint32_t pid, const void *a, size_t alen, const void *b, size_t blen)
 {
     eng_msg_t *m;
 
     if (ENG_RANK_ATTACHED != r->state) {
         return;
     }
-    if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, a, alen, b, blen)) {
+    if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, pid, a, alen, b, blen)) {
         if (0 != rxq_push(r, type, link, (uint32_t) (alen + blen))) {
             tb_eng_rank_fail(r, "out of memory");
         }
@@ -125,6 +125,7 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
         tb_eng_rank_fail(r, "out of memory holding a message for it");
         return;
     }
+    m->pid = pid;
     tb_eng_msg_append(&r->ovf_head, &r->ovf_tail, m);
     r->ovf_bytes += ENG_MSG_COST(m->len);
 }
@@ -140,7 +141,7 @@ void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p)
     memset(&ann, 0, sizeof(ann));
     ann.dev = (uint8_t) p->dev;
     memcpy(ann.engine_id, p->id, sizeof(ann.engine_id));
-    tb_eng_rank_post(r, TB_EREC_PEER, 0, (uint16_t) p->idx, 0, &ann, sizeof(ann), NULL, 0);
+    tb_eng_rank_post(r, TB_EREC_PEER, 0, (uint16_t) p->idx, 0, 0, &ann, sizeof(ann), NULL, 0);
 }
 
 eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid)
@@ -151,6 +152,11 @@ eng_rank_t *tb_eng_find_rank(tb_engine_t *e, uint32_t vpid)
         }
     }
     return NULL;
+}
+
+bool tb_eng_rank_is(const eng_rank_t *r, uint32_t pid)
+{
+    return (uint32_t) r->pid == pid;
 }
 
 /* ---- records from a rank ------------------------------------------------- */

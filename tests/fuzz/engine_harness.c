@@ -47,7 +47,7 @@ int eh_init(eng_harness_t *h)
         tb_shm_ring_attach(&r->tx, h->seg[i], EH_RING, 0, false);
         tb_shm_ring_attach(&r->rx, h->seg[i], EH_RING, 1, false);
         r->vpid = i;
-        r->pid = 1000 + (pid_t) i;
+        r->pid = (pid_t) EH_PID(i);
         r->state = ENG_RANK_ATTACHED;
         e->nranks++;
         e->rank_hwm = i + 1;
@@ -96,8 +96,9 @@ int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint1
                   uint32_t vpid, const void *data, size_t len)
 {
     const struct iovec iov = {(void *) data, len};
+    uint32_t pid = TB_EREC_SEND == type ? EH_PID(vpid) : 0;
 
-    return tb_shm_ring_put(&h->to_engine[i], type, tag, link, vpid, &iov, 1) < 0 ? -1 : 0;
+    return tb_shm_ring_put(&h->to_engine[i], type, tag, link, vpid, pid, &iov, 1) < 0 ? -1 : 0;
 }
 
 unsigned eh_rank_read(eng_harness_t *h, unsigned i, unsigned max, uint8_t type,

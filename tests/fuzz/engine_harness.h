@@ -15,6 +15,8 @@
 #include "tb_engine_int.h"
 
 #define EH_RANKS 3
+/* The pid the harness gives rank vpid (as its socket would say). */
+#define EH_PID(vpid) (1000u + (uint32_t) (vpid))
 #define EH_RING (64u * 1024u)
 
 typedef struct eng_harness {

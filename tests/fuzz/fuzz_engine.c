@@ -70,6 +70,8 @@ static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
         if (TB_ETAG_CREDIT != tag) {
             m.credit = 0;
         }
+        m.src_pid = TB_ETAG_CREDIT == tag ? 0 : tb_wire_le32(EH_PID(tb_wire_le32(m.src)));
+        m.dst_pid = TB_ETAG_DATA == tag ? tb_wire_le32(EH_PID(tb_wire_le32(m.dst))) : 0;
     }
     memcpy(buf, &m, sizeof(m));
     len = TB_ETAG_CREDIT == tag ? 0 : len;

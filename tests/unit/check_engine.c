@@ -41,6 +41,13 @@
 
 static char tmpdir[256];
 
+/* Every rank these tests attach runs in this process: the pid the job
+ * would publish for each. */
+static uint32_t my_pid(void)
+{
+    return (uint32_t) getpid();
+}
+
 static void make_tmpdir(void)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/tbchk.XXXXXX");
@@ -239,17 +246,21 @@ struct seen {
     int nrecv;
     uint16_t link[4];
     uint8_t tag[4];
+    uint32_t src_pid;
     int ngone;
     uint32_t gone_vpid;
+    uint32_t gone_pid;
+    char gone_why[256];
     bool lost;
 };
 
-static void seen_recv(void *ctx, uint16_t link, uint32_t src, uint8_t tag, const void *data,
-                      size_t len)
+static void seen_recv(void *ctx, uint16_t link, uint32_t src, uint32_t src_pid, uint8_t tag,
+                      const void *data, size_t len)
 {
     struct seen *s = ctx;
 
     (void) src;
+    s->src_pid = src_pid;
     (void) data;
     (void) len;
     if (s->nrecv < 4) {
@@ -266,14 +277,15 @@ static void seen_peer(void *ctx, uint16_t link, const tb_wire_epeer_t *info)
     (void) info;
 }
 
-static void seen_gone(void *ctx, uint16_t link, uint32_t vpid, const char *why)
+static void seen_gone(void *ctx, uint16_t link, uint32_t vpid, uint32_t pid, const char *why)
 {
     struct seen *s = ctx;
 
     (void) link;
-    (void) why;
     s->ngone++;
     s->gone_vpid = vpid;
+    s->gone_pid = pid;
+    snprintf(s->gone_why, sizeof(s->gone_why), "%s", why);
 }
 
 static void seen_down(void *ctx, uint16_t link, bool closed, const char *why)
@@ -343,8 +355,8 @@ START_TEST(local_routes_host_flag)
     ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
     rt.flags = TB_EROUTE_F_HOST;
     ck_assert_int_eq(tb_eclient_route(c0, 1, &rt), 0);
-    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 1, 5, &iov, 1), 0);
-    ck_assert_int_eq(tb_eclient_sendv(c0, 1, 1, 6, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 1, my_pid(), 5, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 1, 1, my_pid(), 6, &iov, 1), 0);
     progress_until(c1, &s1, two_received);
     ck_assert_int_eq(s1.nrecv, 2);
     ck_assert_int_eq(s1.tag[0], 5);
@@ -526,6 +538,83 @@ START_TEST(engine_identity_proven)
 }
 END_TEST
 
+static bool heard_forgery_and_refusal(const struct seen *s)
+{
+    return s->nrecv >= 1 && s->ngone >= 1;
+}
+
+static bool heard_two_gone(const struct seen *s)
+{
+    return s->ngone >= 2;
+}
+
+/* A process that attaches under a vpid the job published for another
+ * process (here the job says rank 1 is this process; a child claims rank 1
+ * first, as a process of the user holding the job's key could) reads none
+ * of rank 1's messages, does not pass for rank 1, and dies as itself: the
+ * engine delivers a message only to the pid its sender named, and stamps
+ * every record with the pid it saw attach (it once delivered by vpid
+ * alone, so the child read rank 1's messages). */
+START_TEST(impostor_gets_nothing)
+{
+    tb_eclient_t *c0 = NULL;
+    tb_engine_t *e;
+    tb_wire_eroute_t rt;
+    struct seen s0 = {0};
+    struct iovec iov = {.iov_base = "for rank 1", .iov_len = 10};
+    int ready[2], result[2], got = -1, status;
+    pthread_t th;
+    pid_t child;
+    char dir[400], c;
+
+    e = start_fake_engine("job10", 15, dir, sizeof(dir), &th);
+    c0 = attach_ok("job10", 0);
+    memset(&rt, 0, sizeof(rt));
+    memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
+    ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(result), 0);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (0 == child) {
+        struct seen s1 = {0};
+        struct iovec forged = {.iov_base = "from rank 1?", .iov_len = 12};
+        tb_eclient_t *c1 = attach_ok("job10", 1);
+        uint64_t end = tb_now_ns() + 1500000000ull;
+        (void) tb_eclient_route(c1, 0, &rt);
+        (void) tb_eclient_sendv(c1, 0, 0, tb_wire_le32(tb_eclient_info(c0)->rank_pid), 9,
+                               &forged, 1);
+        (void) write(ready[1], "r", 1);
+        while (tb_now_ns() < end) {
+            (void) tb_eclient_progress(c1, &seen_handlers, &s1, tb_now_ns(), 64);
+            usleep(1000);
+        }
+        (void) write(result[1], &s1.nrecv, sizeof(s1.nrecv));
+        _exit(0); /* no BYE: a death */
+    }
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 1, my_pid(), 5, &iov, 1), 0);
+    progress_until(c0, &s0, heard_forgery_and_refusal);
+    ck_assert_int_eq(s0.nrecv, 1);
+    ck_assert_uint_eq(s0.src_pid, (uint32_t) child);
+    ck_assert_int_eq(s0.ngone, 1);
+    ck_assert_uint_eq(s0.gone_vpid, 1);
+    ck_assert_uint_eq(s0.gone_pid, my_pid());
+    ck_assert_msg(NULL != strstr(s0.gone_why, "another process attached in its name"), "why: %s",
+                  s0.gone_why);
+    ck_assert_int_eq(read(result[0], &got, sizeof(got)), (ssize_t) sizeof(got));
+    ck_assert_msg(0 == got, "the process that claimed rank 1 read %d of its messages", got);
+    ck_assert_int_eq(waitpid(child, &status, 0), child);
+    progress_until(c0, &s0, heard_two_gone);
+    ck_assert_int_eq(s0.ngone, 2);
+    ck_assert_uint_eq(s0.gone_pid, (uint32_t) child);
+
+    tb_eclient_detach(c0);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+}
+END_TEST
+
 /* A rank that sends a rank of its host that does not read nothing but empty
  * messages: what the engine holds for the reader is bounded by what the
  * messages cost, headers included (it once counted payload bytes only, and
@@ -553,7 +642,7 @@ START_TEST(hostile_empty_sends)
     ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
     t0 = tb_now_ns();
     while (tb_now_ns() - t0 < 8000000000ull) {
-        int rc = tb_eclient_sendv(c0, 0, 1, 7, NULL, 0);
+        int rc = tb_eclient_sendv(c0, 0, 1, my_pid(), 7, NULL, 0);
         if (0 == rc) {
             sent++;
             blocked_since = 0;
@@ -614,17 +703,18 @@ START_TEST(hostile_destinations)
     c1 = attach_ok("job9", 1);
     bogus_route(c0, 0, 1);
     for (uint32_t v = 0; v < ENG_MAX_RANKS; ++v) {
-        ck_assert_int_eq(tb_eclient_sendv(c0, 0, (1u << 22) - 1 - v * 4099, 1, &iov, 1), 0);
+        ck_assert_int_eq(
+            tb_eclient_sendv(c0, 0, (1u << 22) - 1 - v * 4099, my_pid(), 1, &iov, 1), 0);
     }
     progress_until(c0, &s0, heard_lost);
     ck_assert_msg(!s0.lost, "dropped for sending to as many ranks as one engine serves");
-    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 12345, 1, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 12345, my_pid(), 1, &iov, 1), 0);
     progress_until(c0, &s0, heard_lost);
     ck_assert_msg(s0.lost, "kept a rank that sends to more ranks behind one engine than it serves");
     /* Its made-up destinations, with messages waiting for them, do not keep
      * another rank from sending to a real one behind the same engine. */
     bogus_route(c1, 0, 1);
-    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 5, 1, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 5, my_pid(), 1, &iov, 1), 0);
     progress_until(c1, &s1, heard_lost);
     ck_assert_msg(!s1.lost, "a rank was dropped because another named many destinations");
     tb_eclient_detach(c1);
@@ -656,7 +746,7 @@ START_TEST(hostile_engine_names)
     progress_until(c0, &s0, heard_lost);
     ck_assert_msg(s0.lost, "kept a rank that named %d engines", ENG_MAX_PEERS);
     bogus_route(c1, 0, 100000);
-    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 7, 1, &iov, 1), 0);
+    ck_assert_int_eq(tb_eclient_sendv(c1, 0, 7, my_pid(), 1, &iov, 1), 0);
     progress_until(c1, &s1, heard_lost);
     ck_assert_msg(!s1.lost, "a rank naming one engine was dropped after another named many");
     tb_eclient_detach(c0);
@@ -893,6 +983,7 @@ int main(void)
     tcase_add_test(tc, hostile_engine_names);
     tcase_add_test(tc, attach_foreign_listener);
     tcase_add_test(tc, engine_identity_proven);
+    tcase_add_test(tc, impostor_gets_nothing);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

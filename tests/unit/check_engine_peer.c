@@ -38,6 +38,8 @@ static void peer_send(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     h.src = tb_wire_le32(src);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
+    h.src_pid = TB_ETAG_CREDIT == tag ? 0 : tb_wire_le32(EH_PID(src));
+    h.dst_pid = TB_ETAG_DATA == tag ? tb_wire_le32(EH_PID(dst)) : 0;
     memcpy(buf, &h, sizeof(h));
     if (len) {
         memcpy(buf + sizeof(h), payload, len);

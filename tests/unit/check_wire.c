@@ -228,7 +228,8 @@ END_TEST
 
 /* A peer engine's message is used only once its header passes: every tag
  * the engines send, the host module's flag on data only, no reserved bytes,
- * no credit outside CREDIT, and CREDIT without a payload. */
+ * no credit outside CREDIT, CREDIT without a payload or pids, and a
+ * destination pid on DATA only. */
 START_TEST(engine_message_checks)
 {
     uint8_t buf[sizeof(tb_wire_emsg_t) + 8];
@@ -255,8 +256,16 @@ START_TEST(engine_message_checks)
     ck_assert_ptr_nonnull(strstr(why, "payload"));
     ck_assert_int_eq(tb_emsg_parse(TB_ETAG_CREDIT, buf, sizeof(*m), &h, &why), 0);
     ck_assert_uint_eq(tb_wire_le32(h.credit), 100);
+    m->src_pid = tb_wire_le32(9);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_CREDIT, buf, sizeof(*m), &h, &why), -1);
+    m->src_pid = 0;
     m->credit = 0;
     ck_assert_int_eq(tb_emsg_parse(TB_ETAG_GONE, buf, sizeof(buf), &h, &why), 0);
+    m->dst_pid = tb_wire_le32(9);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_GONE, buf, sizeof(buf), &h, &why), -1);
+    ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(buf), &h, &why), 0);
+    ck_assert_uint_eq(tb_wire_le32(h.dst_pid), 9);
+    m->dst_pid = 0;
     ck_assert_int_eq(tb_emsg_parse(4, buf, sizeof(buf), &h, &why), -1);
     ck_assert_int_eq(tb_emsg_parse(TB_ETAG_DATA, buf, sizeof(*m) - 1, &h, &why), -1);
     ck_assert_ptr_nonnull(strstr(why, "shorter"));
