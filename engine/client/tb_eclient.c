@@ -35,7 +35,8 @@ struct tb_eclient {
     tb_shm_ring_t tx; /* to the engine */
     tb_shm_ring_t rx; /* from the engine */
     tb_wire_eattach_reply_t info;
-    char dir[400];
+    char dir[400];  /* the job's directory, for messages */
+    int dirfd;      /* and as opened (tb_jobdir.h) */
     bool lost;
     uint64_t last_check_ns;
 };
@@ -48,29 +49,27 @@ static void sleep_ms(unsigned ms)
 }
 
 /* The job's key: read it, or create it when this rank is the first. */
-static int job_key(const char *dir, uint8_t *key, char *err, size_t errlen)
+static int job_key(int dirfd, const char *dir, uint8_t *key, char *err, size_t errlen)
 {
-    char path[512];
     ssize_t n;
     int fd;
 
-    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
-    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    fd = openat(dirfd, TB_ENGINE_KEY, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
         n = read(fd, key, TB_WIRE_SECRET_SIZE);
         close(fd);
         if (TB_WIRE_SECRET_SIZE == n) {
             return 0;
         }
-        (void) unlink(path);
+        (void) unlinkat(dirfd, TB_ENGINE_KEY, 0);
     }
     if (0 != tb_random_bytes(key, TB_WIRE_SECRET_SIZE)) {
         snprintf(err, errlen, "no random source for the job's key: %s", strerror(errno));
         return -1;
     }
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = openat(dirfd, TB_ENGINE_KEY, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 || TB_WIRE_SECRET_SIZE != write(fd, key, TB_WIRE_SECRET_SIZE)) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot write %s/%s: %s", dir, TB_ENGINE_KEY, strerror(errno));
         if (fd >= 0) {
             close(fd);
         }
@@ -83,9 +82,10 @@ static int job_key(const char *dir, uint8_t *key, char *err, size_t errlen)
 /* Start the engine detached from this rank (its own session, not a child),
  * its output in the job's directory.  Everything the child needs is built
  * before fork(): only async-signal-safe calls follow it. */
-static int spawn_engine(const tb_eclient_params_t *p, const char *dir, char *err, size_t errlen)
+static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir, char *err,
+                        size_t errlen)
 {
-    char *argv[64], dirarg[512], logpath[512];
+    char *argv[64], dirarg[512];
     int argc = 0, logfd, nullfd, status;
     pid_t pid;
 
@@ -102,11 +102,11 @@ static int spawn_engine(const tb_eclient_params_t *p, const char *dir, char *err
         argv[argc++] = p->engine_args[i];
     }
     argv[argc] = NULL;
-    snprintf(logpath, sizeof(logpath), "%s/engine.log", dir);
-    logfd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    logfd = openat(dirfd, TB_ENGINE_LOG, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+                   0600);
     nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (logfd < 0 || nullfd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", logpath, strerror(errno));
+        snprintf(err, errlen, "cannot open %s/%s: %s", dir, TB_ENGINE_LOG, strerror(errno));
         goto fail;
     }
     pid = fork();
@@ -146,17 +146,20 @@ fail:
 }
 
 /* The engine's last words, for a start that failed. */
-static void engine_log_tail(const char *dir, char *buf, size_t len)
+static void engine_log_tail(int dirfd, char *buf, size_t len)
 {
-    char path[512];
     FILE *f;
     long size;
     size_t n;
+    int fd;
 
     buf[0] = '\0';
-    snprintf(path, sizeof(path), "%s/engine.log", dir);
-    f = fopen(path, "r");
+    fd = openat(dirfd, TB_ENGINE_LOG, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (NULL == f) {
+        if (fd >= 0) {
+            close(fd);
+        }
         return;
     }
     (void) fseek(f, 0, SEEK_END);
@@ -199,62 +202,60 @@ static bool pid_running(pid_t pid)
     return true;
 }
 
-/* The engine named in dir's pid file runs. */
-static bool engine_alive(const char *dir)
+/* The engine named in the directory's pid file runs. */
+static bool engine_alive(int dirfd)
 {
-    return pid_running(tb_jobdir_engine_pid(dir));
-}
-
-/* The lock file held on fd is the one path names (not one removed since). */
-static bool lock_is_named(int fd, const char *path)
-{
-    struct stat held, named;
-
-    return 0 == fstat(fd, &held) && 0 == stat(path, &named) && held.st_ino == named.st_ino
-           && held.st_dev == named.st_dev;
+    return pid_running(tb_jobdir_engine_pid(dirfd));
 }
 
 /* Connect to the engine, starting it if this rank is the first: under the
- * directory's lock, so one rank starts it and the others wait for it. */
-static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *key, char *err,
-                       size_t errlen)
+ * directory's lock, so one rank starts it and the others wait for it.  The
+ * job's directory is name in basefd; c->dirfd holds it opened. */
+static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd,
+                       const char *name, uint8_t *key, char *err, size_t errlen)
 {
     uint64_t deadline = tb_now_ns() + p->timeout_ns;
-    char path[512], sock[512], tail[300];
+    char sock[512], tail[300];
     bool spawned = false;
-    int lock, fd = -1;
+    int lock = -1, fd = -1;
 
-    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
-    snprintf(sock, sizeof(sock), "%s/%s", dir, TB_ENGINE_SOCKET);
     for (;;) {
         /* The directory of a job whose engine just left may go away under
-         * us: make it again until the lock we hold is the one it names. */
-        if (0 != tb_usock_private_dir(dir, err, errlen)) {
+         * us: make it again until the lock we hold is in the directory the
+         * name gives. */
+        if (c->dirfd >= 0) {
+            close(c->dirfd);
+        }
+        c->dirfd = tb_jobdir_open(basefd, name, c->dir, true, err, errlen);
+        if (c->dirfd < 0) {
             return -1;
         }
-        lock = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        lock = openat(c->dirfd, TB_ENGINE_LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (lock < 0 && ENOENT == errno && tb_now_ns() < deadline) {
-            continue; /* the directory went away after we made it */
+            continue; /* the directory went away after we opened it */
         }
         if (lock < 0) {
-            snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+            snprintf(err, errlen, "cannot open %s/%s: %s", c->dir, TB_ENGINE_LOCK,
+                     strerror(errno));
             return -1;
         }
         while (0 != flock(lock, LOCK_EX | LOCK_NB)) {
             if (tb_now_ns() > deadline) {
                 snprintf(err, errlen, "timed out waiting for another rank to start the engine "
-                         "(lock %s)", path);
+                         "(lock %s/%s)", c->dir, TB_ENGINE_LOCK);
                 close(lock);
                 return -1;
             }
             sleep_ms(5);
         }
-        if (lock_is_named(lock, path)) {
+        if (tb_jobdir_names(c->dirfd, TB_ENGINE_LOCK, lock)
+            && tb_jobdir_names(basefd, name, c->dirfd)) {
             break;
         }
         close(lock);
     }
-    if (0 != job_key(dir, key, err, errlen)) {
+    if (0 != job_key(c->dirfd, c->dir, key, err, errlen)
+        || 0 != tb_jobdir_sock_path(c->dirfd, c->dir, TB_ENGINE_SOCKET, sock, sizeof(sock))) {
         goto out;
     }
     for (;;) {
@@ -264,10 +265,12 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             pid_t pid;
             /* Only an engine of this user gets the job's key and rings. */
             if (0 != tb_usock_peer(fd, &uid, &pid)) {
-                snprintf(err, errlen, "cannot tell who listens on %s: %s", sock, strerror(errno));
+                snprintf(err, errlen, "cannot tell who listens on %s/%s: %s", c->dir,
+                         TB_ENGINE_SOCKET, strerror(errno));
             } else if (uid != getuid()) {
-                snprintf(err, errlen, "the process listening on %s is not this user's (uid %d): "
-                         "remove the directory %s", sock, (int) uid, dir);
+                snprintf(err, errlen, "the process listening on %s/%s is not this user's (uid "
+                         "%d): remove the directory %s", c->dir, TB_ENGINE_SOCKET, (int) uid,
+                         c->dir);
             } else {
                 break;
             }
@@ -275,17 +278,17 @@ static int find_engine(const tb_eclient_params_t *p, const char *dir, uint8_t *k
             fd = -1;
             goto out;
         }
-        if (!spawned && !engine_alive(dir)) {
+        if (!spawned && !engine_alive(c->dirfd)) {
             /* Nobody listens: a dead engine's socket, or none yet.  (A live
              * one may refuse for a moment when many ranks call at once.) */
-            (void) unlink(sock);
-            if (0 != spawn_engine(p, dir, err, errlen)) {
+            (void) unlinkat(c->dirfd, TB_ENGINE_SOCKET, 0);
+            if (0 != spawn_engine(p, c->dirfd, c->dir, err, errlen)) {
                 goto out;
             }
             spawned = true;
         }
         if (tb_now_ns() > deadline) {
-            engine_log_tail(dir, tail, sizeof(tail));
+            engine_log_tail(c->dirfd, tail, sizeof(tail));
             snprintf(err, errlen, "the engine did not start within %llu s%s%s",
                      (unsigned long long) (p->timeout_ns / 1000000000ull),
                      tail[0] ? ": " : " (no output)", tail);
@@ -321,68 +324,71 @@ static int make_segment(tb_eclient_t *c, uint64_t ring_size, char *err, size_t e
 }
 
 /* A job directory unchanged for a minute whose engine does not run. */
-static bool looks_stale(const char *dir)
+static bool looks_stale(int dirfd)
 {
     struct stat st;
 
-    return 0 == lstat(dir, &st) && S_ISDIR(st.st_mode) && time(NULL) - st.st_mtime >= 60
-           && !engine_alive(dir);
+    return 0 == fstat(dirfd, &st) && time(NULL) - st.st_mtime >= 60 && !engine_alive(dirfd);
 }
 
 /* The directories of this user's earlier jobs whose engine is gone (killed,
  * so it could not clean up, or it kept its log after a fault): no live
  * socket, the lock free, nothing created or removed in it for a minute (a
  * job being set up holds its lock, and its files are new). */
-static void sweep_stale(const char *base, const char *mine)
+static void sweep_stale(int basefd, const char *base, const char *mine)
 {
-    static const char *const files[] = {TB_ENGINE_SOCKET, TB_ENGINE_KEY, "engine.log",
+    static const char *const files[] = {TB_ENGINE_SOCKET, TB_ENGINE_KEY, TB_ENGINE_LOG,
                                         TB_ENGINE_PIDFILE, TB_ENGINE_LOCK};
-    char dir[600], path[700];
+    char shown[600], path[700], err[300];
     struct dirent *de;
-    DIR *d = opendir(base);
+    int listfd = dup(basefd);
+    DIR *d = listfd >= 0 ? fdopendir(listfd) : NULL;
 
     if (NULL == d) {
+        if (listfd >= 0) {
+            close(listfd);
+        }
         return;
     }
     while (NULL != (de = readdir(d))) {
-        int lock, fd;
-        if ('.' == de->d_name[0]) {
+        int dirfd, lock, fd;
+        if ('.' == de->d_name[0] || 0 == strcmp(de->d_name, mine)) {
             continue;
         }
-        snprintf(dir, sizeof(dir), "%s/%s", base, de->d_name);
-        if (0 == strcmp(dir, mine)) {
+        snprintf(shown, sizeof(shown), "%s/%s", base, de->d_name);
+        dirfd = tb_jobdir_open(basefd, de->d_name, shown, false, err, sizeof(err));
+        if (dirfd < 0) {
             continue;
         }
-        if (!looks_stale(dir)) {
-            continue;
+        lock = -1;
+        if (!looks_stale(dirfd)
+            || 0 != tb_jobdir_sock_path(dirfd, shown, TB_ENGINE_SOCKET, path, sizeof(path))) {
+            goto next;
         }
-        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
         fd = tb_usock_connect(path);
         if (fd >= 0) {
             close(fd);
-            continue;
+            goto next;
         }
-        snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_LOCK);
-        lock = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        lock = openat(dirfd, TB_ENGINE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (lock < 0 || 0 != flock(lock, LOCK_EX | LOCK_NB)) {
-            if (lock >= 0) {
-                close(lock);
-            }
-            continue;
+            goto next;
         }
         /* Again under the lock: a rank of a new job may have started an
          * engine there between the checks above and the lock (it takes the
          * lock to start one, and its engine writes the pid file). */
-        if (!lock_is_named(lock, path) || !looks_stale(dir)) {
-            close(lock);
-            continue;
+        if (!tb_jobdir_names(dirfd, TB_ENGINE_LOCK, lock) || !looks_stale(dirfd)) {
+            goto next;
         }
         for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); ++i) {
-            snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
-            (void) unlink(path);
+            (void) unlinkat(dirfd, files[i], 0);
         }
-        (void) rmdir(dir);
-        close(lock);
+        tb_jobdir_remove(basefd, de->d_name, dirfd);
+    next:
+        if (lock >= 0) {
+            close(lock);
+        }
+        close(dirfd);
     }
     closedir(d);
 }
@@ -393,14 +399,15 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
     tb_eclient_t *c = calloc(1, sizeof(*c));
     tb_wire_eattach_t req;
     uint8_t key[TB_WIRE_SECRET_SIZE];
-    char base[300];
-    int shm = -1, rc = TB_ECLIENT_ERROR;
+    char base[300], name[120];
+    int shm = -1, basefd = -1, rc = TB_ECLIENT_ERROR;
 
     if (NULL == c) {
         snprintf(err, errlen, "out of memory");
         return TB_ECLIENT_ERROR;
     }
     c->fd = -1;
+    c->dirfd = -1;
     if (!tb_shm_ring_size_ok(p->ring_size) || p->ring_size < TB_ENGINE_MIN_RING) {
         snprintf(err, errlen, "btl_tbrdma_engine_ring_size = %llu must be a power of two from "
                  "%u to %u", (unsigned long long) p->ring_size, TB_ENGINE_MIN_RING,
@@ -417,15 +424,16 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
                  p->host);
     }
     snprintf(base, sizeof(base), "%s/tbrdma-%u", tmp, (unsigned) getuid());
-    if (0 != tb_usock_private_dir(base, err, errlen)
-        || 0 != tb_usock_private_dir(c->dir, err, errlen)) {
+    snprintf(name, sizeof(name), "%s@%.40s", p->job, p->host);
+    basefd = tb_jobdir_open(AT_FDCWD, base, base, true, err, errlen);
+    if (basefd < 0) {
         goto fail;
     }
-    sweep_stale(base, c->dir);
+    sweep_stale(basefd, base, name);
     /* An engine whose ranks all left exits: a rank that reached it just
      * then finds its socket closed, and starts the next one. */
     for (int attempt = 0;; ++attempt) {
-        c->fd = find_engine(p, c->dir, key, err, errlen);
+        c->fd = find_engine(p, c, basefd, name, key, err, errlen);
         if (c->fd < 0) {
             goto fail;
         }
@@ -457,6 +465,8 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
     }
     close(shm);
     shm = -1;
+    close(basefd);
+    basefd = -1;
     c->info.why[sizeof(c->info.why) - 1] = '\0';
     if (TB_WIRE_ENGINE_MAGIC != tb_wire_le32(c->info.magic)
         || TB_WIRE_ENGINE_VERSION != c->info.version) {
@@ -485,6 +495,12 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
 fail:
     if (shm >= 0) {
         close(shm);
+    }
+    if (basefd >= 0) {
+        close(basefd);
+    }
+    if (c->dirfd >= 0) {
+        close(c->dirfd);
     }
     if (c->fd >= 0) {
         close(c->fd);
@@ -627,14 +643,13 @@ static void check_engine(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *
         }
         if (running) {
             snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) dropped this "
-                     "process; its log: %s/engine.log", (int) pid, c->dir);
+                     "process; its log: %s/" TB_ENGINE_LOG, (int) pid, c->dir);
         } else {
             /* Nobody else will: no dead socket must stay.  First, since the
              * report below usually ends the process. */
-            snprintf(why, sizeof(why), "%s/%s", c->dir, TB_ENGINE_SOCKET);
-            (void) unlink(why);
+            (void) unlinkat(c->dirfd, TB_ENGINE_SOCKET, 0);
             snprintf(why, sizeof(why), "the tbrdma engine of this host (pid %d) exited or was "
-                     "killed; its log, if any: %s/engine.log", (int) pid, c->dir);
+                     "killed; its log, if any: %s/" TB_ENGINE_LOG, (int) pid, c->dir);
         }
         lose(c, h, ctx, why);
     }
@@ -710,6 +725,7 @@ void tb_eclient_detach(tb_eclient_t *c)
         ring_doorbell(c, TB_EDOORBELL_BYE);
     }
     close(c->fd);
+    close(c->dirfd);
     munmap(c->seg, c->seg_len);
     free(c);
 }

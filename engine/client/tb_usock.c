@@ -10,34 +10,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #if defined(__APPLE__)
 #include <sys/ucred.h>
 #endif
-
-int tb_usock_private_dir(const char *dir, char *err, size_t errlen)
-{
-    struct stat st;
-
-    if (0 != mkdir(dir, 0700) && EEXIST != errno) {
-        snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
-        return -1;
-    }
-    if (0 != lstat(dir, &st)) {
-        snprintf(err, errlen, "cannot examine %s: %s", dir, strerror(errno));
-        return -1;
-    }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || 0 != (st.st_mode & 077)) {
-        snprintf(err, errlen,
-                 "%s is not a private directory of this user (it must be a directory owned by "
-                 "uid %u with mode 0700; remove it or set TMPDIR elsewhere)",
-                 dir, (unsigned) getuid());
-        return -1;
-    }
-    return 0;
-}
 
 static int fill_addr(struct sockaddr_un *sa, const char *path)
 {

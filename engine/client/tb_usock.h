@@ -1,17 +1,12 @@
 /*
- * tbrdma host engine, client side: the Unix socket between a rank and its host's engine,
- * and the private directory that holds it.
+ * tbrdma host engine, client side: the Unix socket between a rank and its host's engine
+ * (the private directory that holds it is tb_jobdir.h's).
  */
 #ifndef TB_USOCK_H
 #define TB_USOCK_H
 
 #include <stddef.h>
 #include <sys/types.h>
-
-/* Create dir (mode 0700) if missing, and check that it is a directory (not a
- * link) owned by this user with no access for others.  0, or -1 with the
- * reason in err. */
-int tb_usock_private_dir(const char *dir, char *err, size_t errlen);
 
 /* A listening socket at path (which must not exist), non-blocking,
  * close-on-exec.  The fd, or -1 with errno. */

@@ -354,7 +354,7 @@ int tb_engine_run(tb_engine_t *e)
                     drain_end = now + 2000000000ull;
                     close(e->listen_fd);
                     e->listen_fd = -1;
-                    (void) unlink(e->sock_path);
+                    (void) unlinkat(e->dirfd, TB_ENGINE_SOCKET, 0);
                 }
                 if (0 == tb_eng_peers_unacked(e) || now > drain_end) {
                     tb_eng_peers_close(e);
@@ -402,8 +402,9 @@ int tb_engine_run(tb_engine_t *e)
 int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, size_t errlen)
 {
     tb_engine_t *e = calloc(1, sizeof(*e));
-    char path[512];
-    FILE *f;
+    char path[600], tmpname[64];
+    ssize_t n;
+    int fd;
     unsigned i;
 
     if (NULL == e) {
@@ -412,6 +413,7 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
     }
     e->p = *p;
     e->listen_fd = -1;
+    e->dirfd = -1;
     for (i = 0; i < ENG_MAX_PENDING; ++i) {
         e->pending_fd[i] = -1;
     }
@@ -426,35 +428,46 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
         snprintf(err, errlen, "no random source for the engine's identity: %s", strerror(errno));
         goto fail;
     }
-    snprintf(path, sizeof(path), "%s/%s", p->dir, TB_ENGINE_KEY);
-    f = fopen(path, "rb");
-    if (NULL == f || 1 != fread(e->key, sizeof(e->key), 1, f)) {
-        snprintf(err, errlen, "cannot read the job key %s: %s", path,
-                 f ? "too short" : strerror(errno));
-        if (f) {
-            fclose(f);
+    e->dirfd = tb_jobdir_open(AT_FDCWD, p->dir, p->dir, false, err, errlen);
+    if (e->dirfd < 0) {
+        goto fail;
+    }
+    fd = openat(e->dirfd, TB_ENGINE_KEY, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    n = fd >= 0 ? read(fd, e->key, sizeof(e->key)) : -1;
+    if (fd >= 0) {
+        close(fd);
+    }
+    if ((ssize_t) sizeof(e->key) != n) {
+        snprintf(err, errlen, "cannot read the job key %s/%s: %s", p->dir, TB_ENGINE_KEY,
+                 n >= 0 ? "too short" : strerror(errno));
+        goto fail;
+    }
+    /* Who runs the directory: ranks tell a live engine from a dead one by it. */
+    fd = openat(e->dirfd, TB_ENGINE_PIDFILE, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                0600);
+    n = snprintf(path, sizeof(path), "%d\n", (int) getpid());
+    if (fd < 0 || n != write(fd, path, (size_t) n)) {
+        snprintf(err, errlen, "cannot write %s/%s: %s", p->dir, TB_ENGINE_PIDFILE,
+                 strerror(errno));
+        if (fd >= 0) {
+            close(fd);
         }
         goto fail;
     }
-    fclose(f);
-    /* Who runs the directory: ranks tell a live engine from a dead one by it. */
-    snprintf(path, sizeof(path), "%s/%s", p->dir, TB_ENGINE_PIDFILE);
-    f = fopen(path, "w");
-    if (NULL == f || fprintf(f, "%d\n", (int) getpid()) < 0 || 0 != fclose(f)) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        goto fail;
-    }
+    close(fd);
     if (0 != tb_eng_devices_open(e, e->nodev_why, sizeof(e->nodev_why))) {
         TB_INFO("no device: %s", e->nodev_why);
     }
-    snprintf(e->sock_path, sizeof(e->sock_path), "%s/%s", p->dir, TB_ENGINE_SOCKET);
-    snprintf(path, sizeof(path), "%s/%s.%d", p->dir, TB_ENGINE_SOCKET, (int) getpid());
-    (void) unlink(path);
-    e->listen_fd = tb_usock_listen(path);
+    snprintf(tmpname, sizeof(tmpname), "%s.%d", TB_ENGINE_SOCKET, (int) getpid());
+    (void) unlinkat(e->dirfd, tmpname, 0);
+    if (0 == tb_jobdir_sock_path(e->dirfd, p->dir, tmpname, path, sizeof(path))) {
+        e->listen_fd = tb_usock_listen(path);
+    }
     /* Listening before the name appears: a rank that can connect can attach. */
-    if (e->listen_fd < 0 || 0 != rename(path, e->sock_path)) {
-        snprintf(err, errlen, "cannot listen at %s: %s", e->sock_path, strerror(errno));
-        (void) unlink(path);
+    if (e->listen_fd < 0 || 0 != renameat(e->dirfd, tmpname, e->dirfd, TB_ENGINE_SOCKET)) {
+        snprintf(err, errlen, "cannot listen at %s/%s: %s", p->dir, TB_ENGINE_SOCKET,
+                 strerror(errno));
+        (void) unlinkat(e->dirfd, tmpname, 0);
         goto fail;
     }
     *out = e;
@@ -491,35 +504,42 @@ void tb_engine_destroy(tb_engine_t *e)
     }
     if (e->listen_fd >= 0) {
         close(e->listen_fd);
-        (void) unlink(e->sock_path);
+        (void) unlinkat(e->dirfd, TB_ENGINE_SOCKET, 0);
     }
-    if (e->finished && tb_jobdir_engine_pid(e->p.dir) == getpid()) {
+    if (e->dirfd >= 0 && e->finished && tb_jobdir_engine_pid(e->dirfd) == getpid()) {
         /* The job is over on this host: leave nothing behind, unless a rank
          * holds the lock to start the next engine (a late rank of the job).
          * After a fault the log (and the lock) stay, for the user the ranks'
          * messages send there; later jobs sweep them (tb_eclient.c). */
         static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_PIDFILE,
                                             /* kept after a fault: */ TB_ENGINE_LOCK,
-                                            "engine.log"};
+                                            TB_ENGINE_LOG};
         const size_t nfiles = e->faults ? 2 : sizeof(files) / sizeof(files[0]);
-        char path[600];
-        int lock;
-        snprintf(path, sizeof(path), "%s/%s", e->p.dir, TB_ENGINE_LOCK);
-        lock = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        const char *name = strrchr(e->p.dir, '/');
+        int lock, parent;
+        lock = openat(e->dirfd, TB_ENGINE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (lock >= 0 && 0 == flock(lock, LOCK_EX | LOCK_NB)) {
             if (e->faults) {
                 TB_INFO("%u fault%s in this job: keeping this log", e->faults,
                         1 == e->faults ? "" : "s");
             }
             for (size_t i = 0; i < nfiles; ++i) {
-                snprintf(path, sizeof(path), "%s/%s", e->p.dir, files[i]);
-                (void) unlink(path);
+                (void) unlinkat(e->dirfd, files[i], 0);
             }
-            (void) rmdir(e->p.dir);
+            /* Through the directory's real parent, and only if its name
+             * there is still this directory. */
+            parent = openat(e->dirfd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (parent >= 0) {
+                tb_jobdir_remove(parent, name ? name + 1 : e->p.dir, e->dirfd);
+                close(parent);
+            }
         }
         if (lock >= 0) {
             close(lock);
         }
+    }
+    if (e->dirfd >= 0) {
+        close(e->dirfd);
     }
     free(e);
 }

@@ -227,10 +227,10 @@ struct tb_engine {
     eng_dev_t devs[TB_WIRE_ENGINE_MAX_DEVICES];
     char nodev_why[200];
     uint32_t max_record;
+    int dirfd; /* the job's directory, opened once (tb_jobdir.h) */
     int listen_fd;
     int pending_fd[ENG_MAX_PENDING]; /* -1: free */
     uint64_t pending_since[ENG_MAX_PENDING];
-    char sock_path[512];
     eng_rank_t ranks[ENG_MAX_RANKS];
     unsigned rank_hwm; /* ranks[rank_hwm..] are free: the loop looks no further */
     unsigned nranks;

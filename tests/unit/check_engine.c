@@ -615,6 +615,47 @@ START_TEST(impostor_gets_nothing)
 }
 END_TEST
 
+/* The engine reaches its directory's files through the descriptor it
+ * opened at start: when the directory is renamed away and another put in
+ * its place (as a process of the same user could), the engine's cleanup at
+ * its end empties its own directory and leaves the newcomer's files alone
+ * (it once worked by path: it read the newcomer's pid file, found no
+ * engine of its own there and left its own files behind, and where it did
+ * clean up it removed whatever the path named). */
+START_TEST(dir_replaced_under_engine)
+{
+    tb_eclient_t *c = NULL;
+    tb_engine_t *e;
+    pthread_t th;
+    char dir[400], moved[450], path[500], buf[16] = {0};
+    struct stat st;
+    int fd;
+
+    e = start_fake_engine("job11", 17, dir, sizeof(dir), &th);
+    c = attach_ok("job11", 0);
+    snprintf(moved, sizeof(moved), "%s.moved", dir);
+    ck_assert_int_eq(rename(dir, moved), 0);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_KEY);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ck_assert_int_eq(write(fd, "newcomer", 8), 8);
+    close(fd);
+    tb_eclient_detach(c);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
+
+    fd = open(path, O_RDONLY);
+    ck_assert_msg(fd >= 0, "the engine removed %s, which is not its own", path);
+    ck_assert_int_eq(read(fd, buf, sizeof(buf)), 8);
+    close(fd);
+    ck_assert_str_eq(buf, "newcomer");
+    snprintf(path, sizeof(path), "%s/%s", moved, TB_ENGINE_KEY);
+    ck_assert_msg(0 != stat(path, &st), "the engine left its own %s behind", path);
+    snprintf(path, sizeof(path), "%s/%s", moved, TB_ENGINE_PIDFILE);
+    ck_assert_msg(0 != stat(path, &st), "the engine left its own %s behind", path);
+}
+END_TEST
+
 /* A rank that sends a rank of its host that does not read nothing but empty
  * messages: what the engine holds for the reader is bounded by what the
  * messages cost, headers included (it once counted payload bytes only, and
@@ -984,6 +1025,7 @@ int main(void)
     tcase_add_test(tc, attach_foreign_listener);
     tcase_add_test(tc, engine_identity_proven);
     tcase_add_test(tc, impostor_gets_nothing);
+    tcase_add_test(tc, dir_replaced_under_engine);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
