@@ -496,11 +496,12 @@ int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_c
     tb_cm_t *cm;
     int one = 1;
 
-    if (!params->id || params->id_len == 0 || params->id_len > TB_CM_ID_MAX || !params->secret
-        || !cb || !cb->accept || !cb->done || !cb->peer_secret || params->timeout_ns == 0
-        || params->max_sessions == 0) {
-        TB_ERROR("connection manager: an identity of 1..%d bytes, a secret, peer_secret, "
-                 "accept and done callbacks, a timeout and a session limit are required",
+    if (!params->id || params->id_len == 0 || params->id_len > TB_CM_ID_MAX
+        || (!params->secret && !params->pairwise) || !cb || !cb->accept || !cb->done
+        || !cb->peer_secret || params->timeout_ns == 0 || params->max_sessions == 0) {
+        TB_ERROR("connection manager: an identity of 1..%d bytes, a secret (unless pairwise), "
+                 "peer_secret, accept and done callbacks, a timeout and a session limit are "
+                 "required",
                  TB_CM_ID_MAX);
         return TB_CM_EINVAL;
     }
@@ -528,7 +529,9 @@ int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_c
         cm->p.max_per_source = TB_CM_PER_SOURCE;
     }
     cm->p.secret = NULL; /* the caller's buffer need not outlive the call */
-    memcpy(cm->secret, params->secret, sizeof(cm->secret));
+    if (params->secret) {
+        memcpy(cm->secret, params->secret, sizeof(cm->secret));
+    }
     memcpy(cm->id, params->id, params->id_len);
     cm->cb = *cb;
     what = "socket";

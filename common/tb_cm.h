@@ -15,7 +15,10 @@
  * which reaches only the job's processes); a pair's key is derived from both
  * secrets (tb_cm_pair_key), and the macs cover both nonces, so only a
  * process of the job can make a request or a reply the other side accepts,
- * and a recorded exchange cannot be replayed.  Until a request is proven,
+ * and a recorded exchange cannot be replayed.  In pairwise mode (the host
+ * engines) the pair's key comes instead from a secret only the two share,
+ * so only the process that holds an identity's private key can prove it.
+ * Until a request is proven,
  * the responder reveals nothing but a nonce; a refused caller is logged and
  * its socket closed.  An unproven exchange must finish within a short
  * handshake deadline, each source address may hold only a few of them, and
@@ -100,7 +103,7 @@ typedef struct tb_cm_params {
     /* peer_secret gives the secret this process shares with the peer alone
      * (a Diffie-Hellman result, so knowing what the job published does not
      * let a third process pose as either), not the peer's own: secret is
-     * then not used. */
+     * then not used and may be NULL. */
     bool pairwise;
 } tb_cm_params_t;
 

@@ -160,3 +160,12 @@ int tb_mem_equal_ct(const void *a, const void *b, size_t n)
     }
     return d == 0;
 }
+
+void tb_mem_wipe(void *p, size_t n)
+{
+    volatile uint8_t *v = p;
+
+    while (n--) {
+        *v++ = 0;
+    }
+}

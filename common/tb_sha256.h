@@ -37,4 +37,7 @@ void tb_hmac_final(tb_hmac_t *m, uint8_t out[TB_SHA256_SIZE]);
 /* Compare n bytes in time independent of where they differ: 1 if equal. */
 int tb_mem_equal_ct(const void *a, const void *b, size_t n);
 
+/* Zero n bytes of a secret, in a way the compiler keeps. */
+void tb_mem_wipe(void *p, size_t n);
+
 #endif /* TB_SHA256_H */

@@ -226,10 +226,10 @@ _Static_assert(sizeof(tb_wire_rma_hdr_t) == TB_WIRE_RMA_HDR_SIZE, "RMA header la
  * over the same path.
  */
 #define TB_WIRE_MODEX_MAGIC 0x4d524254u /* "TBRM" */
-/* Version 5: an engine's id is its X25519 public key (32 bytes), and
- * engines prove it (engine protocol version 5, engine/tb_eproto.h); engines
- * meet only through their ranks' modex, so this is what keeps engines of
- * different versions apart. */
+/* Version 5: an engine's id is its X25519 public key (32 bytes), which
+ * engines prove, and a rank on the engine path publishes its pid (engine
+ * protocol version 5, engine/tb_eproto.h); engines meet only through their
+ * ranks' modex, so this is what keeps engines of different versions apart. */
 #define TB_WIRE_MODEX_VERSION 5
 #define TB_WIRE_ENGINE_ID_SIZE 32
 

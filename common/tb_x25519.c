@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "tb_random.h"
+#include "tb_sha256.h"
 
 typedef int64_t fe_t[16];
 
@@ -102,7 +103,7 @@ static void fe_pack(uint8_t out[32], const fe_t a)
     fe_carry(t);
     fe_carry(t);
     fe_carry(t);
-    /* Now 0 <= t < 2^256 - 38 = 2p: subtracting p at most twice reduces it. */
+    /* Now 0 <= t < 2^256 < 3p: subtracting p at most twice reduces it. */
     for (int round = 0; round < 2; ++round) {
         int64_t borrow = 0;
         for (int i = 0; i < 16; ++i) {
@@ -165,7 +166,7 @@ void tb_x25519(uint8_t out[TB_X25519_SIZE], const uint8_t scalar[TB_X25519_SIZE]
     fe_invert(z2, z2);
     fe_mul(x2, x2, z2);
     fe_pack(out, x2);
-    memset(k, 0, sizeof(k));
+    tb_mem_wipe(k, sizeof(k));
 }
 
 int tb_x25519_keypair(uint8_t pub[TB_X25519_SIZE], uint8_t priv[TB_X25519_SIZE])

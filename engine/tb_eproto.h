@@ -103,7 +103,8 @@ typedef enum {
     /* engine -> rank */
     TB_EREC_RECV = 16,  /* a message from rank vpid through the engine's peer link */
     TB_EREC_PEER = 17,  /* peer link is the engine tb_wire_epeer_t names */
-    TB_EREC_GONE = 18,  /* rank vpid behind peer link died; payload: why */
+    TB_EREC_GONE = 18,  /* process pid, rank vpid behind peer link, died (or, for
+                         * the pid a send named, is not there); payload: why */
     TB_EREC_DOWN = 19,  /* peer link (that engine, or its cable) failed; payload: why */
 } tb_erec_type_t;
 

@@ -80,13 +80,15 @@ static int job_key(int dirfd, const char *dir, uint8_t *key, char *err, size_t e
 }
 
 /* Start the engine detached from this rank (its own session, not a child),
- * its output in the job's directory.  Everything the child needs is built
- * before fork(): only async-signal-safe calls follow it. */
+ * its output in the job's directory.  It gets the directory this rank
+ * checked as a descriptor, so a path changed meanwhile cannot send it
+ * elsewhere.  Everything the child needs is built before fork(): only
+ * async-signal-safe calls follow it. */
 static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir, char *err,
                         size_t errlen)
 {
-    char *argv[64], dirarg[512];
-    int argc = 0, logfd, nullfd, status;
+    char *argv[64], dirarg[512], fdarg[16];
+    int argc = 0, logfd = -1, nullfd = -1, passfd, status;
     pid_t pid;
 
     if (0 != access(p->engine_path, X_OK)) {
@@ -94,10 +96,19 @@ static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir
                  "install tbrdma with 'make install')", p->engine_path, strerror(errno));
         return -1;
     }
+    /* Above the descriptors the child sets up, and kept across exec. */
+    passfd = fcntl(dirfd, F_DUPFD, 10);
+    if (passfd < 0) {
+        snprintf(err, errlen, "cannot start the engine: fcntl: %s", strerror(errno));
+        return -1;
+    }
     snprintf(dirarg, sizeof(dirarg), "%s", dir);
+    snprintf(fdarg, sizeof(fdarg), "%d", passfd);
     argv[argc++] = (char *) p->engine_path;
     argv[argc++] = "--dir";
     argv[argc++] = dirarg;
+    argv[argc++] = "--dir-fd";
+    argv[argc++] = fdarg;
     for (int i = 0; p->engine_args && p->engine_args[i] && argc < 62; ++i) {
         argv[argc++] = p->engine_args[i];
     }
@@ -125,7 +136,9 @@ static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir
         (void) dup2(logfd, 1);
         (void) dup2(logfd, 2);
         for (int fd = 3; fd < 4096; ++fd) {
-            (void) close(fd);
+            if (fd != passfd) {
+                (void) close(fd);
+            }
         }
         execv(argv[0], argv);
         _exit(127);
@@ -133,6 +146,7 @@ static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir
     (void) waitpid(pid, &status, 0);
     close(logfd);
     close(nullfd);
+    close(passfd);
     return 0;
 
 fail:
@@ -142,6 +156,7 @@ fail:
     if (nullfd >= 0) {
         close(nullfd);
     }
+    close(passfd);
     return -1;
 }
 
@@ -263,7 +278,9 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
         if (fd >= 0) {
             uid_t uid = (uid_t) -1;
             pid_t pid;
-            /* Only an engine of this user gets the job's key and rings. */
+            /* Only an engine of this user gets the job's key and rings, and
+             * only the one this directory's pid file names (where the
+             * socket is reached by name, it could be another's). */
             if (0 != tb_usock_peer(fd, &uid, &pid)) {
                 snprintf(err, errlen, "cannot tell who listens on %s/%s: %s", c->dir,
                          TB_ENGINE_SOCKET, strerror(errno));
@@ -271,6 +288,11 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
                 snprintf(err, errlen, "the process listening on %s/%s is not this user's (uid "
                          "%d): remove the directory %s", c->dir, TB_ENGINE_SOCKET, (int) uid,
                          c->dir);
+            } else if (pid != tb_jobdir_engine_pid(c->dirfd)) {
+                snprintf(err, errlen, "the process listening on %s/%s (pid %d) is not the "
+                         "engine its directory names (pid %d): remove the directory %s",
+                         c->dir, TB_ENGINE_SOCKET, (int) pid,
+                         (int) tb_jobdir_engine_pid(c->dirfd), c->dir);
             } else {
                 break;
             }
@@ -341,7 +363,7 @@ static void sweep_stale(int basefd, const char *base, const char *mine)
                                         TB_ENGINE_PIDFILE, TB_ENGINE_LOCK};
     char shown[600], path[700], err[300];
     struct dirent *de;
-    int listfd = dup(basefd);
+    int listfd = openat(basefd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = listfd >= 0 ? fdopendir(listfd) : NULL;
 
     if (NULL == d) {

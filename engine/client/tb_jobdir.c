@@ -13,7 +13,6 @@
 int tb_jobdir_open(int at, const char *name, const char *shown, bool create, char *err,
                    size_t errlen)
 {
-    struct stat st;
     int fd;
 
     if (create && 0 != mkdirat(at, name, 0700) && EEXIST != errno) {
@@ -28,18 +27,30 @@ int tb_jobdir_open(int at, const char *name, const char *shown, bool create, cha
         snprintf(err, errlen, "cannot open %s: %s", shown, strerror(errno));
         return -1;
     }
+    if (fd < 0 || 0 != tb_jobdir_check(fd, shown, err, errlen)) {
+        if (fd >= 0) {
+            close(fd);
+        } else {
+            (void) tb_jobdir_check(-1, shown, err, errlen);
+        }
+        return -1;
+    }
+    return fd;
+}
+
+int tb_jobdir_check(int fd, const char *shown, char *err, size_t errlen)
+{
+    struct stat st;
+
     if (fd < 0 || 0 != fstat(fd, &st) || !S_ISDIR(st.st_mode) || st.st_uid != getuid()
         || 0 != (st.st_mode & 077)) {
         snprintf(err, errlen,
                  "%s is not a private directory of this user (it must be a directory owned by "
                  "uid %u with mode 0700; remove it or set TMPDIR elsewhere)",
                  shown, (unsigned) getuid());
-        if (fd >= 0) {
-            close(fd);
-        }
         return -1;
     }
-    return fd;
+    return 0;
 }
 
 int tb_jobdir_sock_path(int dirfd, const char *dir, const char *name, char *buf, size_t len)

@@ -35,6 +35,9 @@
 int tb_jobdir_open(int at, const char *name, const char *shown, bool create, char *err,
                    size_t errlen);
 
+/* fd is such a directory (see above): 0, or -1 with the reason in err. */
+int tb_jobdir_check(int fd, const char *shown, char *err, size_t errlen);
+
 /* A path to name in the directory dirfd, whose own path is dir, for bind()
  * and connect(): through the descriptor (/proc/self/fd) where the system
  * has it, by name elsewhere.  0, or -1 when it does not fit in len. */

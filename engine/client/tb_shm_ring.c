@@ -223,6 +223,7 @@ const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *en
             continue;
         }
         hdr->vpid = tb_wire_le32(hdr->vpid);
+        hdr->pid = tb_wire_le32(hdr->pid);
         hdr->link = tb_wire_le16(hdr->link);
         *end = r->cursor;
         return r->data + off + REC_HDR;

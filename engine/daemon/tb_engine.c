@@ -20,12 +20,14 @@
 #include "tb_jobdir.h"
 #include "tb_log.h"
 #include "tb_random.h"
+#include "tb_sha256.h"
 #include "tb_usock.h"
 #include "tb_x25519.h"
 
 void tb_engine_params_default(tb_engine_params_t *p)
 {
     memset(p, 0, sizeof(*p));
+    p->dir_fd = -1;
     tb_tunables_defaults(&p->tunables);
     p->tunables.peer_timeout_ms = 5000;
     p->credit_window = 4u << 20;
@@ -414,6 +416,8 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
     e->p = *p;
     e->listen_fd = -1;
     e->dirfd = -1;
+    e->dh_tokens = ENG_DH_BURST;
+    e->dh_refill_ns = tb_now_ns();
     for (i = 0; i < ENG_MAX_PENDING; ++i) {
         e->pending_fd[i] = -1;
     }
@@ -428,9 +432,19 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
         snprintf(err, errlen, "no random source for the engine's identity: %s", strerror(errno));
         goto fail;
     }
-    e->dirfd = tb_jobdir_open(AT_FDCWD, p->dir, p->dir, false, err, errlen);
-    if (e->dirfd < 0) {
-        goto fail;
+    /* The directory the starting rank checked and holds, not whatever its
+     * path names by now. */
+    if (p->dir_fd >= 0) {
+        e->dirfd = p->dir_fd;
+        (void) fcntl(e->dirfd, F_SETFD, FD_CLOEXEC);
+        if (0 != tb_jobdir_check(e->dirfd, p->dir, err, errlen)) {
+            goto fail;
+        }
+    } else {
+        e->dirfd = tb_jobdir_open(AT_FDCWD, p->dir, p->dir, false, err, errlen);
+        if (e->dirfd < 0) {
+            goto fail;
+        }
     }
     fd = openat(e->dirfd, TB_ENGINE_KEY, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     n = fd >= 0 ? read(fd, e->key, sizeof(e->key)) : -1;
@@ -541,5 +555,7 @@ void tb_engine_destroy(tb_engine_t *e)
     if (e->dirfd >= 0) {
         close(e->dirfd);
     }
+    tb_mem_wipe(e->id_priv, sizeof(e->id_priv));
+    tb_mem_wipe(e->job_key, sizeof(e->job_key));
     free(e);
 }

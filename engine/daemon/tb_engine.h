@@ -41,6 +41,8 @@ typedef struct tb_engine tb_engine_t;
 
 typedef struct tb_engine_params {
     const char *dir;        /* the job's private directory on this host */
+    int dir_fd;             /* that directory as the rank that started the engine
+                             * opened it, or -1: open dir */
     tb_tunables_t tunables; /* devices, frames, lanes, timeouts */
     uint64_t credit_window; /* bytes in flight to one remote rank */
     uint64_t held_max;      /* bytes one rank may have waiting for credit */

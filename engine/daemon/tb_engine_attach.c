@@ -297,6 +297,13 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     tb_shm_ring_consumer_spins(&r->rx);
     reply_attach(e, fd, pid, TB_EATTACH_OK, NULL);
     TB_INFO("rank %u (pid %d) attached", (unsigned) r->vpid, (int) pid);
+    if (pid <= 0) {
+        /* Its pid namespace is not the engine's: messages still reach it,
+         * but by vpid alone. */
+        TB_WARN("rank %u attached from a pid namespace the engine cannot see (pid 0): no "
+                "process of that namespace is told from another",
+                (unsigned) r->vpid);
+    }
     return;
 
 refuse:

@@ -44,6 +44,11 @@
  * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
  * job's key yet, or may be starting. */
 #define ENG_DIAL_TRIES 20
+/* Diffie-Hellmans for engines no rank named yet (cm_peer_secret): a burst
+ * as large as a host's possible peers, then 32 a second (about 3 % of a
+ * core). */
+#define ENG_DH_BURST 32u
+#define ENG_DH_EVERY_NS 31250000ull
 
 /* What a channel completion cookie points at. */
 enum {
@@ -177,6 +182,8 @@ struct eng_peer {
     uint32_t ipv4;
     uint16_t port;
     uint8_t gid[16];
+    uint8_t pair_secret[TB_WIRE_SECRET_SIZE]; /* cm_peer_secret's, once have_pair */
+    bool have_pair;
     /* The ranks behind it that this host's ranks send to, and where each is
      * in dst (index + 1; 0: free), by vpid. */
     eng_dst_t dst[ENG_DST_MAX];
@@ -190,9 +197,14 @@ struct eng_peer {
     eng_msg_t *notice_head, *notice_tail;
     unsigned nnotices;
     bool notices_full; /* said once that more were not kept */
-    /* The ranks it said are gone: each is told to this host's ranks once,
-     * and an engine serves at most ENG_MAX_RANKS, so more is a lie. */
-    uint32_t gone[ENG_MAX_RANKS];
+    /* The processes it said are gone, as rank and pid (a process that
+     * attached in a rank's name dies as itself): each is told to this
+     * host's ranks once, and an engine serves at most ENG_MAX_RANKS, so
+     * more is a lie. */
+    struct {
+        uint32_t vpid;
+        uint32_t pid;
+    } gone[ENG_MAX_RANKS];
     unsigned ngone;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
@@ -216,6 +228,9 @@ struct tb_engine {
      * the engine: a peer engine is known by what only it can prove. */
     uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
     uint8_t id_priv[TB_WIRE_ENGINE_ID_SIZE];
+    /* Diffie-Hellmans left for callers no rank named (cm_peer_secret). */
+    unsigned dh_tokens;
+    uint64_t dh_refill_ns;
     uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
     uint8_t job_key[TB_WIRE_SECRET_SIZE]; /* the job's key between engines */
     bool have_key;
@@ -317,6 +332,9 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why);
+/* Whether a Diffie-Hellman for a caller no rank named may run now (one is
+ * then counted). */
+bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now);
 size_t tb_eng_peers_unacked(tb_engine_t *e);
 unsigned tb_eng_peers_open(tb_engine_t *e);
 void tb_eng_peers_close(tb_engine_t *e);

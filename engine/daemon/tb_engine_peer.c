@@ -2,8 +2,9 @@
  * tbrdma host engine, daemon: the host engine's devices and its links to other
  * engines (see tb_engine.h): one reliable channel per pair of hosts per
  * cable, set up through the connection manager on the cable's address with
- * the job's key, and the per-destination credit that keeps one slow rank
- * from holding back everyone else's traffic.
+ * a key only the two engines can compute (cm_peer_secret), and the
+ * per-destination credit that keeps one slow rank from holding back
+ * everyone else's traffic.
  */
 #include "tb_engine_int.h"
 
@@ -32,7 +33,6 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
 {
     const tb_tunables_t *t = &e->p.tunables;
     tb_namefilter_t filter;
-    uint8_t secret[TB_WIRE_SECRET_SIZE];
 
     if (0 != tb_namefilter_parse(&filter, t->if_include, t->if_exclude, why, whylen)) {
         return -1;
@@ -41,12 +41,6 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         return -1;
     }
     e->devlist_open = true;
-    /* Pairwise keys (cm_peer_secret) leave the process's own secret unused;
-     * a random one means it could prove nothing if it were. */
-    if (0 != tb_random_bytes(secret, sizeof(secret))) {
-        snprintf(why, whylen, "no random source: %s", strerror(errno));
-        return -1;
-    }
     for (int i = 0; i < e->devlist.count && e->ndev < TB_WIRE_ENGINE_MAX_DEVICES; ++i) {
         tb_device_t *dev = &e->devlist.devices[i];
         eng_dev_t *d = &e->devs[e->ndev];
@@ -73,8 +67,7 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         cp.bind_ip = ip;
         cp.id = e->id;
         cp.id_len = sizeof(e->id);
-        cp.secret = secret;
-        cp.pairwise = true;
+        cp.pairwise = true; /* cm_peer_secret */
         cp.timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
         cp.max_sessions = 256;
         if (TB_CM_OK != tb_cm_create(&cp, &cb, &d->cm)) {
@@ -186,14 +179,24 @@ static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
              p->e->devs[p->dev].dev->netdev, p->known ? ip : "a peer engine");
 }
 
-/* Drop what waits for credit (to dst, or everything when dst is NULL). */
-static void drop_waiting(eng_peer_t *p, const uint32_t *dst)
+/* The process a message waiting for credit is for (its header leads it). */
+static uint32_t waiting_dst_pid(const eng_msg_t *m)
+{
+    tb_wire_emsg_t h;
+
+    memcpy(&h, m->data, sizeof(h));
+    return tb_wire_le32(h.dst_pid);
+}
+
+/* What waits for credit: all of it (dst NULL), or what is for the process
+ * pid as rank *dst. */
+static void drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid)
 {
     eng_msg_t **pp = &p->wait_head, *m;
 
     p->wait_tail = NULL;
     while ((m = *pp)) {
-        if (dst && m->vpid != *dst) {
+        if (dst && (m->vpid != *dst || pid != waiting_dst_pid(m))) {
             p->wait_tail = m;
             pp = &m->next;
             continue;
@@ -292,7 +295,7 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
                              strlen(text), NULL, 0);
         }
     }
-    drop_waiting(p, NULL);
+    drop_waiting(p, NULL, 0);
     drop_notices(p);
     p->destroy = NULL != p->conn;
 }
@@ -362,26 +365,63 @@ void tb_eng_peers_dial_waiting(tb_engine_t *e)
     }
 }
 
+/* A Diffie-Hellman for a caller no rank named: at most ENG_DH_BURST at
+ * once and one more every ENG_DH_EVERY_NS.  One costs most of a millisecond,
+ * and it comes before the caller proves anything, so requests with made-up
+ * identities get a few percent of the loop at most; a real engine refused
+ * for it dials again. */
+bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now)
+{
+    uint64_t earned = (now - e->dh_refill_ns) / ENG_DH_EVERY_NS;
+
+    if (earned) {
+        e->dh_tokens = e->dh_tokens + earned > ENG_DH_BURST ? ENG_DH_BURST
+                                                             : e->dh_tokens + (unsigned) earned;
+        e->dh_refill_ns = now;
+    }
+    if (0 == e->dh_tokens) {
+        return false;
+    }
+    e->dh_tokens--;
+    return true;
+}
+
 /* What this engine shares with engine peer_id alone: their Diffie-Hellman
  * secret (the engine id is its public key), bound to this job by its key.
  * Knowing the job's key or anything the job published is not enough to
- * pose as an engine; a member of the job once could, with the key alone. */
+ * pose as an engine; a member of the job once could, with the key alone.
+ * Computed once per peer the engine knows. */
 static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
 {
     static const char label[] = "tbrdma engine pair key";
     eng_dev_t *d = ctx;
+    tb_engine_t *e = d->e;
+    eng_peer_t *p;
     uint8_t z[TB_X25519_SIZE];
     tb_hmac_t h;
 
-    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !d->e->have_key
-        || 0 != tb_x25519_shared(z, d->e->id_priv, peer_id)) {
+    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !e->have_key) {
         return -1;
     }
-    tb_hmac_init(&h, d->e->job_key, sizeof(d->e->job_key));
+    p = tb_eng_peer_for(e, d->idx, peer_id, false);
+    if (p && p->have_pair) {
+        memcpy(secret, p->pair_secret, TB_WIRE_SECRET_SIZE);
+        return 0;
+    }
+    if ((NULL == p && !tb_eng_dh_allowed(e, tb_now_ns()))
+        || 0 != tb_x25519_shared(z, e->id_priv, peer_id)) {
+        return -1;
+    }
+    tb_hmac_init(&h, e->job_key, sizeof(e->job_key));
     tb_hmac_update(&h, label, sizeof(label));
     tb_hmac_update(&h, z, sizeof(z));
     tb_hmac_final(&h, secret);
-    memset(z, 0, sizeof(z));
+    tb_mem_wipe(z, sizeof(z));
+    tb_mem_wipe(&h, sizeof(h));
+    if (p) {
+        memcpy(p->pair_secret, secret, TB_WIRE_SECRET_SIZE);
+        p->have_pair = true;
+    }
     return 0;
 }
 
@@ -715,13 +755,17 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
         return 1;
     }
     if (!tb_eng_rank_is(dst, h->pid)) {
-        /* The sender alone hears it: its word on the pid is only its own. */
+        /* The sender alone hears it (its word on the pid is only its own),
+         * on every device as of a death, and not while it holds more than
+         * held_max unread: a sender that never reads cannot grow them. */
         char why[200];
         snprintf(why, sizeof(why), "rank %u on this host is pid %d, not the pid %u the job "
                  "published for it: another process attached in its name",
                  (unsigned) dst->vpid, (int) dst->pid, (unsigned) h->pid);
-        tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) (link & ~TB_ELINK_HOST), h->vpid, h->pid,
-                         why, strlen(why), NULL, 0);
+        for (unsigned d = 0; d < r->e->ndev && r->ovf_bytes <= r->e->p.held_max; ++d) {
+            tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), h->vpid,
+                             h->pid, why, strlen(why), NULL, 0);
+        }
         tb_eng_tx_consumed(r, end);
         return 1;
     }
@@ -930,16 +974,6 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             /* The rank left or died; its senders learn it from GONE. */
             return;
         }
-        if (!tb_eng_rank_is(r, tb_wire_le32(h.dst_pid))) {
-            /* Not the process the sender's job published: never delivered.
-             * No GONE back, which would end every sender's traffic to that
-             * rank on one sender's word. */
-            tb_log_limited(&e->pid_warn, tb_now_ns(), TB_LOG_WARN,
-                           "dropped a message for rank %u: it is pid %d here, the sender "
-                           "expected pid %u (another process attached in its name?)",
-                           (unsigned) dst, (int) r->pid, (unsigned) tb_wire_le32(h.dst_pid));
-            return;
-        }
         /* As the sender counts (credit_ok): one message may exceed the
          * window only when nothing else is outstanding. */
         if (0 != p->delivered[r->slot]
@@ -955,6 +989,20 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             return;
         }
         p->delivered[r->slot] += tb_ecredit_cost(plen);
+        if (!tb_eng_rank_is(r, tb_wire_le32(h.dst_pid))) {
+            /* Not the process the sender's job published: never delivered,
+             * but its credit comes back as if read, so one sender naming a
+             * wrong pid holds up nobody else's traffic to the rank.  No GONE
+             * back: that would end every sender's traffic to the rank on
+             * one sender's word. */
+            tb_log_limited(&e->pid_warn, tb_now_ns(), TB_LOG_WARN,
+                           "dropped a message for rank %u: it is pid %d here, the sender "
+                           "expected pid %u (another process attached in its name?)",
+                           (unsigned) dst, (int) r->pid, (unsigned) tb_wire_le32(h.dst_pid));
+            p->ret[r->slot] += tb_ecredit_cost(plen);
+            p->ret_pending = true;
+            return;
+        }
         tb_eng_rank_announce(r, p);
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
                          (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
@@ -971,7 +1019,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         /* Every GONE is copied to every rank: only the first for a rank
          * counts, and no engine has more ranks than one engine may serve. */
         for (unsigned i = 0; i < p->ngone; ++i) {
-            if (p->gone[i] == src) {
+            if (p->gone[i].vpid == src && p->gone[i].pid == tb_wire_le32(h.src_pid)) {
                 return;
             }
         }
@@ -980,9 +1028,10 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
                            "it said more ranks are gone than one engine serves");
             return;
         }
-        p->gone[p->ngone++] = src;
+        p->gone[p->ngone].vpid = src;
+        p->gone[p->ngone++].pid = tb_wire_le32(h.src_pid);
         snprintf(why, sizeof(why), "%.*s", (int) (plen < 200 ? plen : 200), (const char *) payload);
-        drop_waiting(p, &src);
+        drop_waiting(p, &src, tb_wire_le32(h.src_pid));
         for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
             r = &e->ranks[i];
             if (ENG_RANK_ATTACHED == r->state) {
@@ -1096,7 +1145,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         if (p->conn) {
             tb_conn_destroy(p->conn);
         }
-        drop_waiting(p, NULL);
+        drop_waiting(p, NULL, 0);
         drop_notices(p);
         free(p);
         e->peers[i] = NULL;

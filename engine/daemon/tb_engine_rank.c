@@ -119,7 +119,8 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
     /* The ring is full: hold it in order.  Data is bounded by the credit
      * window per peer, and by held_max from this host's ranks (both count
      * what a message costs, not only its payload); notices by the number of
-     * peers and ranks. */
+     * peers and ranks, and those a rank's own sends cause (a pid that is
+     * not there) by held_max. */
     m = tb_eng_msg_new(type, tag, link, vpid, a, alen, b, blen);
     if (NULL == m) {
         tb_eng_rank_fail(r, "out of memory holding a message for it");

@@ -56,8 +56,9 @@ static int parse_u64(const char *name, const char *arg, uint64_t max, uint64_t *
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: tbrdma-engine --dir DIR [--verbs-library PATH] [--if-include PATTERNS]\n"
-            "         [--if-exclude PATTERNS] [--lanes 1|2] [--small-frame-size BYTES]\n"
+            "usage: tbrdma-engine --dir DIR [--dir-fd FD] [--verbs-library PATH]\n"
+            "         [--if-include PATTERNS] [--if-exclude PATTERNS] [--lanes 1|2]\n"
+            "         [--small-frame-size BYTES]\n"
             "         [--bulk-frame-size BYTES] [--recv-depth N] [--peer-timeout-ms MS]\n"
             "         [--rto-min-us US] [--checksum full|header] [--credit-window BYTES]\n"
             "         [--spin-us US] [--events 0|1] [--yield 0|1]\n"
@@ -69,6 +70,7 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"dir", required_argument, NULL, 'd'},
+        {"dir-fd", required_argument, NULL, 'D'},
         {"verbs-library", required_argument, NULL, 'L'},
         {"if-include", required_argument, NULL, 'i'},
         {"if-exclude", required_argument, NULL, 'x'},
@@ -98,6 +100,10 @@ int main(int argc, char **argv)
     while (-1 != (c = getopt_long(argc, argv, "", opts, NULL))) {
         switch (c) {
         case 'd': p.dir = optarg; break;
+        case 'D':
+            if (parse_u64("dir-fd", optarg, INT32_MAX, &v)) return 2;
+            p.dir_fd = (int) v;
+            break;
         case 'L': p.tunables.verbs_library = optarg; break;
         case 'i': p.tunables.if_include = optarg; break;
         case 'x': p.tunables.if_exclude = optarg; break;

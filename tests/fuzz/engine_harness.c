@@ -93,10 +93,10 @@ eng_peer_t *eh_peer(eng_harness_t *h, unsigned n)
 }
 
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,
-                  uint32_t vpid, const void *data, size_t len)
+                  uint32_t vpid, bool right_pid, const void *data, size_t len)
 {
     const struct iovec iov = {(void *) data, len};
-    uint32_t pid = TB_EREC_SEND == type ? EH_PID(vpid) : 0;
+    uint32_t pid = TB_EREC_SEND == type ? EH_PID(vpid) + (right_pid ? 0 : 77) : 0;
 
     return tb_shm_ring_put(&h->to_engine[i], type, tag, link, vpid, pid, &iov, 1) < 0 ? -1 : 0;
 }
@@ -118,6 +118,7 @@ unsigned eh_rank_read(eng_harness_t *h, unsigned i, unsigned max, uint8_t type,
         }
         if (counted && hdr.type == type) {
             (*counted)++;
+            h->last_pid = hdr.pid;
         }
         tb_shm_ring_release_to(r, end);
         n++;

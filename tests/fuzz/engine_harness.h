@@ -25,6 +25,7 @@ typedef struct eng_harness {
     void *seg[EH_RANKS];
     tb_shm_ring_t to_engine[EH_RANKS];   /* the ranks' side of their rings */
     tb_shm_ring_t from_engine[EH_RANKS];
+    uint32_t last_pid; /* of the last record eh_rank_read counted */
 } eng_harness_t;
 
 /* An engine with default parameters and ranks of vpids 0..EH_RANKS-1
@@ -35,9 +36,10 @@ void eh_fini(eng_harness_t *h);
 /* Peer engine n over the device, connected as far as the engine knows. */
 eng_peer_t *eh_peer(eng_harness_t *h, unsigned n);
 
-/* Rank i writes a record (0, or -1 when its ring is full). */
+/* Rank i writes a record (0, or -1 when its ring is full); a SEND names the
+ * pid the harness gave its destination, or another one unless right_pid. */
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,
-                  uint32_t vpid, const void *data, size_t len);
+                  uint32_t vpid, bool right_pid, const void *data, size_t len);
 
 /* Rank i reads what the engine wrote it, at most max records: the number
  * read, and of those the number of type (if counted is not NULL). */

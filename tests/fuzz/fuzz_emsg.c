@@ -38,6 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     "tag %u passed with flags 0x%x", data[0], h.flags);
         FUZZ_ASSERT(TB_ETAG_CREDIT != data[0] || len == sizeof(h), "a credit of %zu bytes", len);
         FUZZ_ASSERT(0 == h.reserved[0] && 0 == h.reserved[1], "reserved bytes set");
+        FUZZ_ASSERT(TB_ETAG_DATA == data[0] || 0 == h.dst_pid, "tag %u passed with a destination "
+                    "pid", data[0]);
+        FUZZ_ASSERT(TB_ETAG_CREDIT != data[0] || 0 == h.src_pid, "a credit with a source pid");
     } else {
         FUZZ_ASSERT(NULL != why, "refused without a reason");
     }

@@ -9,6 +9,7 @@
  *
  * Input: steps, each an opcode byte and its operands (see below).
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
     uint8_t tag = fuzz_u8(in);
     uint16_t link = fuzz_u16(in) % 8;
     uint32_t vpid = fuzz_u8(in);
+    bool right_pid = 0 != (fuzz_u8(in) & 7); /* mostly, so messages flow */
     uint8_t buf[512];
     size_t len = fuzz_u16(in) % sizeof(buf);
 
@@ -50,7 +52,7 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
     } else {
         (void) fuzz_bytes(in, buf, len);
     }
-    (void) eh_rank_write(h, i, type, tag, link, vpid, buf, len);
+    (void) eh_rank_write(h, i, type, tag, link, vpid, right_pid, buf, len);
 }
 
 static void peer_sends(eng_harness_t *h, fuzz_in_t *in)

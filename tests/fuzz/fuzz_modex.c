@@ -67,6 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if ((flags & M_ZERO_RESERVED) && len >= sizeof(*mx)) {
         mx->reserved = 0;
+        mx->reserved2 = 0;
         for (unsigned i = 0; i < mx->ndevices && tb_modex_size(i + 1) <= len; i++) {
             mx->devices[i].reserved = 0;
             mx->devices[i].reserved2 = 0;

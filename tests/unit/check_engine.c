@@ -848,6 +848,40 @@ START_TEST(attach_foreign_listener)
 }
 END_TEST
 
+/* A listener of this user at the engine's socket that is not the engine
+ * the directory's pid file names (a process that put a socket there, or
+ * the socket reached by name somewhere else) gets neither the job's key nor
+ * rings: the rank checks the listener's pid too. */
+START_TEST(attach_unnamed_listener)
+{
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char err[512], dir[400], path[500], pid[32];
+    int fd, lfd;
+
+    make_tmpdir();
+    snprintf(dir, sizeof(dir), "%s/tbrdma-%u", tmpdir, (unsigned) getuid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    snprintf(dir + strlen(dir), sizeof(dir) - strlen(dir), "/job13@unit");
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    /* The directory names a live process that is not the listener. */
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_PIDFILE);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    snprintf(pid, sizeof(pid), "%d\n", (int) getppid());
+    ck_assert_int_eq(write(fd, pid, strlen(pid)), (ssize_t) strlen(pid));
+    close(fd);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, TB_ENGINE_SOCKET);
+    lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    params(&p, "job13", 0, NULL);
+    ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
+    ck_assert_msg(NULL != strstr(err, "is not the engine its directory names"), "why: %s", err);
+    close(lfd);
+}
+END_TEST
+
 /* A rank attached by hand, as a hostile process would: its socket. */
 static int raw_attach(const char *dir, uint32_t vpid, uint8_t key0)
 {
@@ -1023,6 +1057,7 @@ int main(void)
     tcase_add_test(tc, hostile_destinations);
     tcase_add_test(tc, hostile_engine_names);
     tcase_add_test(tc, attach_foreign_listener);
+    tcase_add_test(tc, attach_unnamed_listener);
     tcase_add_test(tc, engine_identity_proven);
     tcase_add_test(tc, impostor_gets_nothing);
     tcase_add_test(tc, dir_replaced_under_engine);

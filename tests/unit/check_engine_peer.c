@@ -27,8 +27,9 @@ static eng_peer_t *setup(eng_harness_t *h)
     return eh_peer(h, 1);
 }
 
-static void peer_send(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
-                      const void *payload, size_t len)
+static void peer_send_pids(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid,
+                           uint32_t dst, uint32_t dst_pid, uint32_t credit, const void *payload,
+                           size_t len)
 {
     uint8_t buf[sizeof(tb_wire_emsg_t) + 256];
     tb_wire_emsg_t h;
@@ -38,13 +39,21 @@ static void peer_send(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, ui
     h.src = tb_wire_le32(src);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
-    h.src_pid = TB_ETAG_CREDIT == tag ? 0 : tb_wire_le32(EH_PID(src));
-    h.dst_pid = TB_ETAG_DATA == tag ? tb_wire_le32(EH_PID(dst)) : 0;
+    h.src_pid = tb_wire_le32(src_pid);
+    h.dst_pid = tb_wire_le32(dst_pid);
     memcpy(buf, &h, sizeof(h));
     if (len) {
         memcpy(buf + sizeof(h), payload, len);
     }
     tb_eng_peer_recv(p, tag, buf, sizeof(h) + len);
+}
+
+/* As the harness's ranks and a correct peer name them. */
+static void peer_send(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t dst, uint32_t credit,
+                      const void *payload, size_t len)
+{
+    peer_send_pids(p, tag, src, TB_ETAG_CREDIT == tag ? 0 : EH_PID(src), dst,
+                   TB_ETAG_DATA == tag ? EH_PID(dst) : 0, credit, payload, len);
 }
 
 /* A rank's death said again and again reaches the host's ranks once; a peer
@@ -100,31 +109,108 @@ START_TEST(peer_empty_data_bounded)
 }
 END_TEST
 
-/* Credit the rank returns by reading lets a correct peer go on for ever. */
-START_TEST(peer_data_with_reader)
+/* A peer streams 200000 small messages to rank 1 naming dst_pid; every
+ * 256 the rank reads, all the engine took is owed back to the peer, and the
+ * peer learns it (as CREDIT would say).  The peer stays connected; the
+ * messages rank 1 received. */
+static unsigned stream_to_rank1(eng_harness_t *h, eng_peer_t *p, uint32_t dst_pid)
 {
-    eng_harness_t h;
-    eng_peer_t *p;
     unsigned got = 0, total = 0;
-    uint32_t credit = 0;
 
-    p = setup(&h);
     for (int i = 0; i < 200000; ++i) {
-        peer_send(p, TB_ETAG_DATA, 7000, 1, 0, "data", 4);
-        credit += (uint32_t) tb_ecredit_cost(4);
+        peer_send_pids(p, TB_ETAG_DATA, 7000, EH_PID(7000), 1, dst_pid, 0, "data", 4);
         if (0 == i % 256) {
-            eh_progress(&h);
-            (void) eh_rank_read(&h, 1, 100000, TB_EREC_RECV, &got);
+            eh_progress(h);
+            (void) eh_rank_read(h, 1, 100000, TB_EREC_RECV, &got);
             total += got;
-            /* What the sender learns from CREDIT: as consumed. */
-            eh_progress(&h);
-            p->delivered[1] -= p->ret[1] < p->delivered[1] ? p->ret[1] : p->delivered[1];
+            eh_progress(h);
+            ck_assert_uint_gt(p->ret[1], 0);
+            ck_assert_uint_eq(p->ret[1], p->delivered[1]);
+            p->delivered[1] = 0;
             p->ret[1] = 0;
         }
         ck_assert_int_eq(p->state, ENG_PEER_CONNECTED);
     }
-    ck_assert_uint_gt(total, 190000);
+    ck_assert_ptr_null(eh_check(h));
+    return total;
+}
+
+/* Credit the rank returns by reading lets a correct peer go on for ever. */
+START_TEST(peer_data_with_reader)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h);
+
+    ck_assert_uint_gt(stream_to_rank1(&h, p, EH_PID(1)), 190000);
+    eh_fini(&h);
+}
+END_TEST
+
+/* Messages for rank 1 naming a pid that is not rank 1's (a process the
+ * sender's job did not publish for it) are never delivered, and their
+ * credit comes back as if read: one sender naming a wrong pid cannot use up
+ * the window every sender to that rank shares (it once could: its credit
+ * never came back). */
+START_TEST(peer_data_wrong_pid)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h);
+
+    ck_assert_uint_eq(stream_to_rank1(&h, p, EH_PID(1) + 5), 0);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A death is a process's: rank 7000's, and then another process's that had
+ * attached as rank 7000, both reach the host's ranks with their pids (the
+ * first once hid the second, and its held messages went with it). */
+START_TEST(peer_gone_per_process)
+{
+    eng_harness_t h;
+    eng_peer_t *p;
+    unsigned gone = 0;
+
+    p = setup(&h);
+    peer_send_pids(p, TB_ETAG_GONE, 7000, 4242, 0, 0, 0, "impostor died", 13);
+    peer_send_pids(p, TB_ETAG_GONE, 7000, 4242, 0, 0, 0, "impostor died", 13);
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 0, 1000, TB_EREC_GONE, &gone);
+    ck_assert_uint_eq(gone, 1);
+    ck_assert_uint_eq(h.last_pid, 4242);
+    peer_send(p, TB_ETAG_GONE, 7000, 0, 0, "killed", 6);
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 0, 1000, TB_EREC_GONE, &gone);
+    ck_assert_uint_eq(gone, 1);
+    ck_assert_uint_eq(h.last_pid, EH_PID(7000));
     ck_assert_ptr_null(eh_check(&h));
+    eh_fini(&h);
+}
+END_TEST
+
+/* Callers with identities no rank named cost the engine a Diffie-Hellman
+ * each before they prove anything: a burst of ENG_DH_BURST, then one every
+ * ENG_DH_EVERY_NS, whatever they send. */
+START_TEST(dh_budget)
+{
+    eng_harness_t h;
+    uint64_t now = tb_now_ns();
+    unsigned n = 0;
+
+    (void) setup(&h);
+    h.e->dh_tokens = ENG_DH_BURST;
+    h.e->dh_refill_ns = now;
+    while (n < 10 * ENG_DH_BURST && tb_eng_dh_allowed(h.e, now)) {
+        n++;
+    }
+    ck_assert_uint_eq(n, ENG_DH_BURST);
+    ck_assert(!tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS - 1));
+    ck_assert(tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS));
+    ck_assert(!tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS));
+    n = 0;
+    while (n < 10 * ENG_DH_BURST && tb_eng_dh_allowed(h.e, now + 1000 * ENG_DH_EVERY_NS)) {
+        n++;
+    }
+    ck_assert_uint_eq(n, ENG_DH_BURST);
     eh_fini(&h);
 }
 END_TEST
@@ -138,6 +224,9 @@ int main(void)
 
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, peer_gone_once);
+    tcase_add_test(tc, peer_data_wrong_pid);
+    tcase_add_test(tc, peer_gone_per_process);
+    tcase_add_test(tc, dh_budget);
     tcase_add_test(tc, peer_empty_data_bounded);
     tcase_add_test(tc, peer_data_with_reader);
     suite_add_tcase(s, tc);

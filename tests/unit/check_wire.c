@@ -117,8 +117,9 @@ static void unhex(const char *h, uint8_t *out, size_t n)
     }
 }
 
-/* RFC 7748: the Diffie-Hellman example of section 6.1, and 1000 rounds of
- * section 5.2's iteration (every limb and carry of the field is used). */
+/* RFC 7748: the Diffie-Hellman example of section 6.1, section 5.2's second
+ * vector (its u has the top bit set, which X25519 ignores), and 1000 rounds
+ * of section 5.2's iteration (every limb and carry of the field is used). */
 START_TEST(x25519_vectors)
 {
     static const uint8_t base[32] = {9};
@@ -138,6 +139,11 @@ START_TEST(x25519_vectors)
     hex(s1, 32, out);
     ck_assert_str_eq(out, "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742");
     ck_assert_int_eq(memcmp(s1, s2, 32), 0);
+    unhex("4b66e9d4d1b4673c5ad22691957d6af5c11b6421e0ea01d42ca4169e7918ba0d", a, 32);
+    unhex("e5210f12786811d3f4b7959d0538ae2c31dbe7106fc03c3efc4cd549c715a493", b, 32);
+    tb_x25519(s1, a, b);
+    hex(s1, 32, out);
+    ck_assert_str_eq(out, "95cbde9476e8907d7aade45cb4b873f88b595a68799fa152e6f8f7647aac7957");
     for (int i = 0; i < 1000; i++) {
         tb_x25519(r, k, u);
         memcpy(u, k, 32);
@@ -214,6 +220,9 @@ START_TEST(modex_entry_checks)
     mx->path = TB_MODEX_PATH_ENGINE;
     ck_assert_int_eq(tb_modex_check(buf, len, &why), 0);
     mx->path = TB_MODEX_PATH_ENGINE + 1;
+    ck_assert_int_eq(tb_modex_check(buf, len, &why), -1);
+    entry(buf, 3);
+    mx->reserved2 = 1;
     ck_assert_int_eq(tb_modex_check(buf, len, &why), -1);
     entry(buf, 3);
     mx->devices[2].reserved2 = 1;
