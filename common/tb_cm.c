@@ -195,6 +195,13 @@ __attribute__((format(printf, 4, 5))) void cm_sess_finish(tb_cm_t *cm, cm_sess_t
 }
 
 /* A caller that did not prove itself: logged, closed, told nothing. */
+/* A session's key and what it read die with it. */
+static void cm_sess_free(cm_sess_t *s)
+{
+    tb_mem_wipe(s, sizeof(*s));
+    free(s);
+}
+
 void cm_refuse_unproven(tb_cm_t *cm, cm_sess_t *s, const char *why)
 {
     cm->cnt.refused_unauth++;
@@ -448,7 +455,7 @@ int tb_cm_progress(tb_cm_t *cm, uint64_t now_ns)
         if (s->state == S_FINISHED) {
             *pp = s->next;
             cm->nsessions--;
-            free(s);
+            cm_sess_free(s);
         } else {
             pp = &s->next;
         }
@@ -570,7 +577,7 @@ fail:
     if (cm->lfd >= 0) {
         close(cm->lfd);
     }
-    memset(cm->secret, 0, sizeof(cm->secret));
+    tb_mem_wipe(cm, sizeof(*cm));
     free(cm);
     return TB_CM_ESYS;
 }
@@ -584,9 +591,9 @@ void tb_cm_destroy(tb_cm_t *cm)
         cm_sess_t *s = cm->sessions;
         cm_sess_finish(cm, s, TB_CM_ECANCELED, "connection manager shut down");
         cm->sessions = s->next;
-        free(s);
+        cm_sess_free(s);
     }
     close(cm->lfd);
-    memset(cm->secret, 0, sizeof(cm->secret));
+    tb_mem_wipe(cm, sizeof(*cm));
     free(cm);
 }

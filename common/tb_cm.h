@@ -71,12 +71,18 @@ const char *tb_cm_strerror(int status);
 
 typedef struct tb_cm tb_cm_t;
 
+/* peer_secret's answer when it cannot afford the secret now. */
+#define TB_CM_SECRET_BUSY (-2)
+
 typedef struct tb_cm_callbacks {
     void *ctx;
     /* The secret (TB_WIRE_SECRET_SIZE bytes) of the process peer_id, from
-     * what the job published (or with params.pairwise the pair's): 0, or non-zero when peer_id is not a process of
-     * the job (its requests are then refused unheard).  Must not create
-     * anything per identity asked for: callers choose the identities. */
+     * what the job published (or with params.pairwise the pair's): 0;
+     * TB_CM_SECRET_BUSY when it cannot be worked out now (the caller is
+     * refused and may try again); other non-zero when peer_id is not a
+     * process of the job.  Either way its requests are refused unheard.
+     * Must not create anything per identity asked for: callers choose the
+     * identities. */
     int (*peer_secret)(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
     /* A peer asks for a connection.  Create the local side, write its blob
      * to *local and an owner pointer to *user (given back in done), return

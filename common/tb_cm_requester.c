@@ -161,7 +161,7 @@ int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_i
     memcpy(s->peer_id, peer_id, id_len);
     s->peer_id_len = id_len;
     cm_session_key(cm, peer_id, id_len, peer_secret, s->key);
-    memset(peer_secret, 0, sizeof(peer_secret));
+    tb_mem_wipe(peer_secret, sizeof(peer_secret));
     s->local = *local;
     s->user = user;
     s->has_user = 1;

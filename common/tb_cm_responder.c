@@ -103,12 +103,15 @@ static const char *request_check(tb_cm_t *cm, cm_sess_t *s)
     if (cm_id_cmp(m->id, m->id_len, cm->id, cm->p.id_len) == 0) {
         return "it claimed this process's own identity";
     }
-    known = cm->cb.peer_secret(cm->cb.ctx, m->id, m->id_len, peer_secret) == 0;
-    if (!known) {
+    known = cm->cb.peer_secret(cm->cb.ctx, m->id, m->id_len, peer_secret);
+    if (TB_CM_SECRET_BUSY == known) {
+        return "too many callers nobody named at once; a process of this job calls again";
+    }
+    if (0 != known) {
         return "it claimed an identity that is not a process of this job";
     }
     cm_session_key(cm, m->id, m->id_len, peer_secret, s->key);
-    memset(peer_secret, 0, sizeof(peer_secret));
+    tb_mem_wipe(peer_secret, sizeof(peer_secret));
     cm_mac_compute(s, "TBCM request", NULL, 0, m, offsetof(tb_wire_cm_request_t, mac), mac);
     if (!tb_mem_equal_ct(mac, m->mac, sizeof(mac))) {
         return "it could not prove the identity it claimed";

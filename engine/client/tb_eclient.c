@@ -96,8 +96,9 @@ static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir
                  "install tbrdma with 'make install')", p->engine_path, strerror(errno));
         return -1;
     }
-    /* Above the descriptors the child sets up, and kept across exec. */
-    passfd = fcntl(dirfd, F_DUPFD, 10);
+    /* Above the descriptors the child sets up; kept across the engine's
+     * exec alone (a thread of the rank that forks meanwhile gets none). */
+    passfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 10);
     if (passfd < 0) {
         snprintf(err, errlen, "cannot start the engine: fcntl: %s", strerror(errno));
         return -1;
@@ -139,6 +140,9 @@ static int spawn_engine(const tb_eclient_params_t *p, int dirfd, const char *dir
             if (fd != passfd) {
                 (void) close(fd);
             }
+        }
+        if (0 != fcntl(passfd, F_SETFD, 0)) {
+            _exit(127);
         }
         execv(argv[0], argv);
         _exit(127);
@@ -231,7 +235,7 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
 {
     uint64_t deadline = tb_now_ns() + p->timeout_ns;
     char sock[512], tail[300];
-    bool spawned = false;
+    bool spawned = false, unnamed = false;
     int lock = -1, fd = -1;
 
     for (;;) {
@@ -277,28 +281,36 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
         fd = tb_usock_connect(sock);
         if (fd >= 0) {
             uid_t uid = (uid_t) -1;
-            pid_t pid;
+            pid_t pid, named;
             /* Only an engine of this user gets the job's key and rings, and
              * only the one this directory's pid file names (where the
              * socket is reached by name, it could be another's). */
             if (0 != tb_usock_peer(fd, &uid, &pid)) {
                 snprintf(err, errlen, "cannot tell who listens on %s/%s: %s", c->dir,
                          TB_ENGINE_SOCKET, strerror(errno));
-            } else if (uid != getuid()) {
+                goto refused;
+            }
+            if (uid != getuid()) {
                 snprintf(err, errlen, "the process listening on %s/%s is not this user's (uid "
                          "%d): remove the directory %s", c->dir, TB_ENGINE_SOCKET, (int) uid,
                          c->dir);
-            } else if (pid != tb_jobdir_engine_pid(c->dirfd)) {
-                snprintf(err, errlen, "the process listening on %s/%s (pid %d) is not the "
-                         "engine its directory names (pid %d): remove the directory %s",
-                         c->dir, TB_ENGINE_SOCKET, (int) pid,
-                         (int) tb_jobdir_engine_pid(c->dirfd), c->dir);
-            } else {
+                goto refused;
+            }
+            named = tb_jobdir_engine_pid(c->dirfd);
+            if (pid == named) {
                 break;
             }
+            /* A pid file being written, or an engine being replaced: asked
+             * again until the deadline.  One that stays wrong is another
+             * process, or an engine in a pid namespace this rank's is not
+             * (ranks of a job on one host share one). */
             close(fd);
             fd = -1;
-            goto out;
+            snprintf(err, errlen, "the process listening on %s/%s (pid %d as this rank sees "
+                     "it) is not the engine its directory names (pid %d): remove the directory "
+                     "%s, and run the job's ranks on a host in one pid namespace",
+                     c->dir, TB_ENGINE_SOCKET, (int) pid, (int) named, c->dir);
+            unnamed = true;
         }
         if (!spawned && !engine_alive(c->dirfd)) {
             /* Nobody listens: a dead engine's socket, or none yet.  (A live
@@ -309,6 +321,9 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
             }
             spawned = true;
         }
+        if (tb_now_ns() > deadline && unnamed) {
+            goto out; /* err says who listens */
+        }
         if (tb_now_ns() > deadline) {
             engine_log_tail(c->dirfd, tail, sizeof(tail));
             snprintf(err, errlen, "the engine did not start within %llu s%s%s",
@@ -318,6 +333,10 @@ static int find_engine(const tb_eclient_params_t *p, tb_eclient_t *c, int basefd
         }
         sleep_ms(5);
     }
+    goto out;
+refused:
+    close(fd);
+    fd = -1;
 out:
     flock(lock, LOCK_UN);
     close(lock);
@@ -388,8 +407,11 @@ static void sweep_stale(int basefd, const char *base, const char *mine)
             goto next;
         }
         fd = tb_usock_connect(path);
-        if (fd >= 0) {
-            close(fd);
+        if (fd >= 0 || EAGAIN == errno) {
+            /* Somebody listens (a full backlog too). */
+            if (fd >= 0) {
+                close(fd);
+            }
             goto next;
         }
         lock = openat(dirfd, TB_ENGINE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC);

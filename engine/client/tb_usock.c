@@ -78,13 +78,37 @@ int tb_usock_connect(const char *path)
     if (fd < 0) {
         return -1;
     }
+    /* Never blocking: a listener whose backlog is full (one that does not
+     * accept) would hold a blocking connect for good. */
+    if (0 != fcntl(fd, F_SETFL, O_NONBLOCK)) {
+        goto fail;
+    }
     if (0 != connect(fd, (struct sockaddr *) &sa, sizeof(sa))) {
-        saved = errno;
-        close(fd);
-        errno = saved;
-        return -1;
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        int soerr = 0;
+        socklen_t len = sizeof(soerr);
+        if (EINPROGRESS != errno) {
+            goto fail;
+        }
+        if (1 != poll(&pfd, 1, 100)) {
+            errno = EAGAIN;
+            goto fail;
+        }
+        if (0 != getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) || 0 != soerr) {
+            errno = soerr ? soerr : errno;
+            goto fail;
+        }
+    }
+    if (0 != fcntl(fd, F_SETFL, 0)) {
+        goto fail;
     }
     return fd;
+
+fail:
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
 }
 
 #if defined(MSG_NOSIGNAL)

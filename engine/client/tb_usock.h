@@ -12,7 +12,9 @@
  * close-on-exec.  The fd, or -1 with errno. */
 int tb_usock_listen(const char *path);
 
-/* Connect to path (blocking, close-on-exec).  The fd, or -1 with errno. */
+/* Connect to path without waiting for a listener that does not accept
+ * (EAGAIN then); the fd is blocking and close-on-exec.  The fd, or -1 with
+ * errno. */
 int tb_usock_connect(const char *path);
 
 /* Send len bytes and, if fd >= 0, that descriptor; blocking.  0 or -1. */

@@ -435,8 +435,12 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
     /* The directory the starting rank checked and holds, not whatever its
      * path names by now. */
     if (p->dir_fd >= 0) {
+        if (0 != fcntl(p->dir_fd, F_SETFD, FD_CLOEXEC)) {
+            snprintf(err, errlen, "--dir-fd %d is no open descriptor: %s (the rank that starts "
+                     "the engine passes it)", p->dir_fd, strerror(errno));
+            goto fail;
+        }
         e->dirfd = p->dir_fd;
-        (void) fcntl(e->dirfd, F_SETFD, FD_CLOEXEC);
         if (0 != tb_jobdir_check(e->dirfd, p->dir, err, errlen)) {
             goto fail;
         }
@@ -557,5 +561,6 @@ void tb_engine_destroy(tb_engine_t *e)
     }
     tb_mem_wipe(e->id_priv, sizeof(e->id_priv));
     tb_mem_wipe(e->job_key, sizeof(e->job_key));
+    tb_mem_wipe(e->key, sizeof(e->key));
     free(e);
 }

@@ -209,6 +209,14 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
         reply_attach(e, fd, pid, TB_EATTACH_REFUSED, "wrong job key");
         goto refuse;
     }
+    if (pid <= 0) {
+        /* A rank is bound to its pid, so one the engine cannot name is
+         * nobody's; a rank in such a namespace refuses the engine too. */
+        reply_attach(e, fd, pid, TB_EATTACH_REFUSED,
+                     "the engine cannot see the rank's process (another pid namespace): a job's "
+                     "ranks on one host run in one pid namespace");
+        goto refuse;
+    }
     /* A vpid is one process's: a second claim of a live one (another
      * process of the user holding the job's key) would read that rank's
      * messages, send in its name, and announce its death when it left. */
@@ -297,13 +305,6 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     tb_shm_ring_consumer_spins(&r->rx);
     reply_attach(e, fd, pid, TB_EATTACH_OK, NULL);
     TB_INFO("rank %u (pid %d) attached", (unsigned) r->vpid, (int) pid);
-    if (pid <= 0) {
-        /* Its pid namespace is not the engine's: messages still reach it,
-         * but by vpid alone. */
-        TB_WARN("rank %u attached from a pid namespace the engine cannot see (pid 0): no "
-                "process of that namespace is told from another",
-                (unsigned) r->vpid);
-    }
     return;
 
 refuse:

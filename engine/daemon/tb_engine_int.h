@@ -44,10 +44,12 @@
  * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
  * job's key yet, or may be starting. */
 #define ENG_DIAL_TRIES 20
-/* Diffie-Hellmans for engines no rank named yet (cm_peer_secret): a burst
- * as large as a host's possible peers, then 32 a second (about 3 % of a
+/* Diffie-Hellmans for engines no rank named yet (tb_eng_cm_peer_secret): a burst
+ * larger than the engines a host's cables reach (one per cable, and one
+ * secret per engine whatever its cables), then 32 a second (about 3 % of a
  * core). */
 #define ENG_DH_BURST 32u
+_Static_assert(ENG_DH_BURST >= TB_WIRE_ENGINE_MAX_DEVICES, "a burst for every cable's engine");
 #define ENG_DH_EVERY_NS 31250000ull
 
 /* What a channel completion cookie points at. */
@@ -182,7 +184,7 @@ struct eng_peer {
     uint32_t ipv4;
     uint16_t port;
     uint8_t gid[16];
-    uint8_t pair_secret[TB_WIRE_SECRET_SIZE]; /* cm_peer_secret's, once have_pair */
+    uint8_t pair_secret[TB_WIRE_SECRET_SIZE]; /* tb_eng_cm_peer_secret's, once have_pair */
     bool have_pair;
     /* The ranks behind it that this host's ranks send to, and where each is
      * in dst (index + 1; 0: free), by vpid. */
@@ -228,7 +230,7 @@ struct tb_engine {
      * the engine: a peer engine is known by what only it can prove. */
     uint8_t id[TB_WIRE_ENGINE_ID_SIZE];
     uint8_t id_priv[TB_WIRE_ENGINE_ID_SIZE];
-    /* Diffie-Hellmans left for callers no rank named (cm_peer_secret). */
+    /* Diffie-Hellmans left for callers no rank named (tb_eng_cm_peer_secret). */
     unsigned dh_tokens;
     uint64_t dh_refill_ns;
     uint8_t key[TB_WIRE_SECRET_SIZE];     /* the job's key on this host (attach) */
@@ -302,17 +304,31 @@ void tb_eng_expire_pending(tb_engine_t *e, uint64_t now);
 void tb_eng_attach_rank(tb_engine_t *e, int fd);
 void tb_eng_rank_free(eng_rank_t *r);
 
-/* tb_engine_peer.c: devices and other engines. */
+/* tb_engine_dial.c: devices, and setting up channels to other engines. */
 int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen);
 /* The connection managers first (their callbacks reach peers), then the
  * peers, then the devices. */
 void tb_eng_cms_close(tb_engine_t *e);
 void tb_eng_devices_close(tb_engine_t *e);
 int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
+void tb_eng_peer_dial(eng_peer_t *p);
+void tb_eng_peers_dial_waiting(tb_engine_t *e);
+/* Whether a Diffie-Hellman for a caller no rank named may run now (one is
+ * then counted). */
+bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now);
+/* The connection manager's peer_secret for device ctx (an eng_dev_t). */
+int tb_eng_cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
+
+/* tb_engine_peer.c: other engines. */
 /* The peer engine id over device dev; made (when add is set and the table
  * has room) if there is none yet. */
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add);
 void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
+/* p's channel, made and ready for the connection manager's exchange (0), or
+ * p failed (-1). */
+int tb_eng_peer_make_conn(eng_peer_t *p);
+/* The channel to p is gone: every rank is told, what waited dropped. */
+void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why);
 /* A message from the peer engine (its channel's receive callback; tests and
  * the fuzz target call it straight). */
 void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len);
@@ -320,8 +336,6 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len);
 void tb_eng_log_loop(const tb_engine_t *e);
 /* Each connected channel's state, to the log (after a fault). */
 void tb_eng_peers_log_state(tb_engine_t *e);
-void tb_eng_peer_dial(eng_peer_t *p);
-void tb_eng_peers_dial_waiting(tb_engine_t *e);
 /* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
                 uint64_t end);
@@ -332,9 +346,6 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why);
-/* Whether a Diffie-Hellman for a caller no rank named may run now (one is
- * then counted). */
-bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now);
 size_t tb_eng_peers_unacked(tb_engine_t *e);
 unsigned tb_eng_peers_open(tb_engine_t *e);
 void tb_eng_peers_close(tb_engine_t *e);

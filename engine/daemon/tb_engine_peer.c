@@ -1,10 +1,8 @@
 /*
- * tbrdma host engine, daemon: the host engine's devices and its links to other
- * engines (see tb_engine.h): one reliable channel per pair of hosts per
- * cable, set up through the connection manager on the cable's address with
- * a key only the two engines can compute (cm_peer_secret), and the
- * per-destination credit that keeps one slow rank from holding back
- * everyone else's traffic.
+ * tbrdma host engine, daemon: its links to other engines (see tb_engine.h):
+ * one reliable channel per pair of hosts per cable (set up in
+ * tb_engine_dial.c), what goes over it, and the per-destination credit that
+ * keeps one slow rank from holding back everyone else's traffic.
  */
 #include "tb_engine_int.h"
 
@@ -16,115 +14,7 @@
 
 #include "tb_emsg.h"
 #include "tb_log.h"
-#include "tb_namefilter.h"
-#include "tb_random.h"
 #include "tb_sha256.h"
-#include "tb_x25519.h"
-
-/* ---- devices ------------------------------------------------------------- */
-
-static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
-static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
-                     tb_wire_addr_t *local, void **user);
-static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer,
-                    const char *why);
-
-int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
-{
-    const tb_tunables_t *t = &e->p.tunables;
-    tb_namefilter_t filter;
-
-    if (0 != tb_namefilter_parse(&filter, t->if_include, t->if_exclude, why, whylen)) {
-        return -1;
-    }
-    if (0 != tb_device_list_open(&e->devlist, t->verbs_library, &filter, why, whylen)) {
-        return -1;
-    }
-    e->devlist_open = true;
-    for (int i = 0; i < e->devlist.count && e->ndev < TB_WIRE_ENGINE_MAX_DEVICES; ++i) {
-        tb_device_t *dev = &e->devlist.devices[i];
-        eng_dev_t *d = &e->devs[e->ndev];
-        tb_cm_callbacks_t cb = {.ctx = d,
-                                .peer_secret = cm_peer_secret,
-                                .accept = cm_accept,
-                                .done = cm_done};
-        tb_domain_params_t dp;
-        tb_cm_params_t cp;
-        char ip[INET_ADDRSTRLEN];
-
-        if (!dev->usable) {
-            continue;
-        }
-        tb_domain_params_default(&dp);
-        dp.qp_budget = TB_APPLE_MAX_QP;
-        dp.events = e->p.events;
-        if (0 != tb_domain_create(&e->devlist.verbs, dev, &dp, &d->dom)) {
-            TB_WARN("not using %s: it cannot be opened for traffic (details above)", dev->name);
-            continue;
-        }
-        inet_ntop(AF_INET, &dev->ipv4, ip, sizeof(ip));
-        memset(&cp, 0, sizeof(cp));
-        cp.bind_ip = ip;
-        cp.id = e->id;
-        cp.id_len = sizeof(e->id);
-        cp.pairwise = true; /* cm_peer_secret */
-        cp.timeout_ns = (uint64_t) t->peer_timeout_ms * 1000000u;
-        cp.max_sessions = 256;
-        if (TB_CM_OK != tb_cm_create(&cp, &cb, &d->cm)) {
-            TB_WARN("not using %s: cannot listen for connections on %s", dev->name, ip);
-            tb_domain_destroy(d->dom);
-            d->dom = NULL;
-            continue;
-        }
-        d->e = e;
-        d->idx = e->ndev;
-        d->dev = dev;
-        d->port = tb_cm_port(d->cm);
-        e->ndev++;
-    }
-    if (0 == e->ndev) {
-        snprintf(why, whylen,
-                 0 == e->devlist.count
-                     ? "no RDMA device%s (on a Mac: macOS 26.2 or later, RDMA enabled with "
-                       "'rdma_ctl enable' in Recovery, and a Thunderbolt 5 cable)"
-                     : "no RDMA device is usable%s; run with --mca btl_base_verbose 20 to see why",
-                 filter.count ? " passes btl_tbrdma_if_include/if_exclude" : "");
-        return -1;
-    }
-    return 0;
-}
-
-void tb_eng_cms_close(tb_engine_t *e)
-{
-    for (unsigned d = 0; d < e->ndev; ++d) {
-        tb_cm_destroy(e->devs[d].cm);
-        e->devs[d].cm = NULL;
-    }
-}
-
-void tb_eng_devices_close(tb_engine_t *e)
-{
-    tb_eng_cms_close(e);
-    for (unsigned d = 0; d < e->ndev; ++d) {
-        tb_domain_destroy(e->devs[d].dom);
-    }
-    e->ndev = 0;
-    if (e->devlist_open) {
-        tb_device_list_close(&e->devlist);
-        e->devlist_open = false;
-    }
-}
-
-int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
-{
-    int n = 0;
-
-    for (unsigned d = 0; d < e->ndev; ++d) {
-        int m = tb_domain_progress(e->devs[d].dom, now);
-        n += (e->devs[d].cm ? tb_cm_progress(e->devs[d].cm, now) : 0) + (m > 0 ? m : 0);
-    }
-    return n;
-}
 
 /* ---- peers --------------------------------------------------------------- */
 
@@ -269,7 +159,7 @@ void tb_eng_peers_log_state(tb_engine_t *e)
 }
 
 /* The channel to p is gone: tell every rank, drop what waited. */
-static void peer_fail(eng_peer_t *p, int status, const char *why)
+void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
 {
     tb_engine_t *e = p->e;
     bool closed = TB_CHAN_ECLOSED == status;
@@ -300,7 +190,7 @@ static void peer_fail(eng_peer_t *p, int status, const char *why)
     p->destroy = NULL != p->conn;
 }
 
-static int peer_make_conn(eng_peer_t *p)
+int tb_eng_peer_make_conn(eng_peer_t *p)
 {
     tb_channel_callbacks_t cb = {
         .ctx = p, .recv = chan_recv, .send_done = chan_send_done, .error = chan_error};
@@ -318,7 +208,7 @@ static int peer_make_conn(eng_peer_t *p)
     rc = tb_conn_create(p->e->devs[p->dev].dom, &params, &cb, &p->conn);
     if (0 != rc) {
         p->conn = NULL;
-        peer_fail(p, TB_CHAN_ENOMEM,
+        tb_eng_peer_fail(p, TB_CHAN_ENOMEM,
                   -EBUSY == rc ? "the device's queue pairs are used up" : strerror(-rc));
         return -1;
     }
@@ -327,165 +217,6 @@ static int peer_make_conn(eng_peer_t *p)
     return 0;
 }
 
-void tb_eng_peer_dial(eng_peer_t *p)
-{
-    tb_engine_t *e = p->e;
-    tb_wire_addr_t local;
-    char ip[INET_ADDRSTRLEN];
-    struct in_addr a = {.s_addr = p->ipv4};
-    int rc;
-
-    if (ENG_PEER_IDLE != p->state || !p->known) {
-        return;
-    }
-    p->redial_at = 0;
-    if (!e->have_key) {
-        p->want_dial = true;
-        return;
-    }
-    p->want_dial = false;
-    if (0 != peer_make_conn(p)) {
-        return;
-    }
-    tb_conn_local_addr(p->conn, &local);
-    inet_ntop(AF_INET, &a, ip, sizeof(ip));
-    rc = tb_cm_connect(e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p,
-                       tb_now_ns());
-    if (TB_CM_OK != rc) {
-        peer_fail(p, TB_CHAN_ELINK, tb_cm_strerror(rc));
-    }
-}
-
-void tb_eng_peers_dial_waiting(tb_engine_t *e)
-{
-    for (unsigned i = 0; i < e->npeers; ++i) {
-        if (e->peers[i]->want_dial) {
-            tb_eng_peer_dial(e->peers[i]);
-        }
-    }
-}
-
-/* A Diffie-Hellman for a caller no rank named: at most ENG_DH_BURST at
- * once and one more every ENG_DH_EVERY_NS.  One costs most of a millisecond,
- * and it comes before the caller proves anything, so requests with made-up
- * identities get a few percent of the loop at most; a real engine refused
- * for it dials again. */
-bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now)
-{
-    uint64_t earned = (now - e->dh_refill_ns) / ENG_DH_EVERY_NS;
-
-    if (earned) {
-        e->dh_tokens = e->dh_tokens + earned > ENG_DH_BURST ? ENG_DH_BURST
-                                                             : e->dh_tokens + (unsigned) earned;
-        e->dh_refill_ns = now;
-    }
-    if (0 == e->dh_tokens) {
-        return false;
-    }
-    e->dh_tokens--;
-    return true;
-}
-
-/* What this engine shares with engine peer_id alone: their Diffie-Hellman
- * secret (the engine id is its public key), bound to this job by its key.
- * Knowing the job's key or anything the job published is not enough to
- * pose as an engine; a member of the job once could, with the key alone.
- * Computed once per peer the engine knows. */
-static int cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret)
-{
-    static const char label[] = "tbrdma engine pair key";
-    eng_dev_t *d = ctx;
-    tb_engine_t *e = d->e;
-    eng_peer_t *p;
-    uint8_t z[TB_X25519_SIZE];
-    tb_hmac_t h;
-
-    if (TB_WIRE_ENGINE_ID_SIZE != id_len || !e->have_key) {
-        return -1;
-    }
-    p = tb_eng_peer_for(e, d->idx, peer_id, false);
-    if (p && p->have_pair) {
-        memcpy(secret, p->pair_secret, TB_WIRE_SECRET_SIZE);
-        return 0;
-    }
-    if ((NULL == p && !tb_eng_dh_allowed(e, tb_now_ns()))
-        || 0 != tb_x25519_shared(z, e->id_priv, peer_id)) {
-        return -1;
-    }
-    tb_hmac_init(&h, e->job_key, sizeof(e->job_key));
-    tb_hmac_update(&h, label, sizeof(label));
-    tb_hmac_update(&h, z, sizeof(z));
-    tb_hmac_final(&h, secret);
-    tb_mem_wipe(z, sizeof(z));
-    tb_mem_wipe(&h, sizeof(h));
-    if (p) {
-        memcpy(p->pair_secret, secret, TB_WIRE_SECRET_SIZE);
-        p->have_pair = true;
-    }
-    return 0;
-}
-
-static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wire_addr_t *peer,
-                     tb_wire_addr_t *local, void **user)
-{
-    eng_dev_t *d = ctx;
-    eng_peer_t *p;
-
-    if (TB_WIRE_ENGINE_ID_SIZE != id_len) {
-        return -1;
-    }
-    p = tb_eng_peer_for(d->e, d->idx, peer_id, true);
-    if (NULL == p || ENG_PEER_IDLE != p->state
-        || (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid)))) {
-        return -1;
-    }
-    if (0 != peer_make_conn(p)) {
-        return -1;
-    }
-    tb_conn_local_addr(p->conn, local);
-    *user = p;
-    return 0;
-}
-
-static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *peer,
-                    const char *why)
-{
-    eng_peer_t *p = user;
-    int rc;
-
-    (void) ctx;
-    if (TB_CM_OK != status) {
-        if (p->dial_tries < ENG_DIAL_TRIES && ENG_PEER_CONNECTING == p->state) {
-            /* Not set up yet, not failed: start over in a moment (or when
-             * the other engine calls). */
-            uint64_t wait = 50000000ull * (p->dial_tries + 1);
-            TB_INFO("connection setup to engine %02x%02x%02x%02x failed (%s); trying again",
-                    p->id[0], p->id[1], p->id[2], p->id[3], why);
-            p->dial_tries++;
-            tb_conn_destroy(p->conn);
-            p->conn = NULL;
-            p->state = ENG_PEER_IDLE;
-            p->redial_at = tb_now_ns() + (wait < 500000000ull ? wait : 500000000ull);
-            return;
-        }
-        peer_fail(p, TB_CHAN_ELINK, why);
-        return;
-    }
-    if (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid))) {
-        peer_fail(p, TB_CHAN_EPROTO, "its queue-pair address is not on the device it published");
-        return;
-    }
-    rc = tb_conn_connect(p->conn, peer, tb_now_ns());
-    if (TB_CHAN_OK != rc) {
-        peer_fail(p, rc, tb_channel_strerror(rc));
-        return;
-    }
-    p->state = ENG_PEER_CONNECTED;
-    p->credit_changed = true;
-    p->ret_pending = true;
-    TB_INFO("connected to engine %02x%02x%02x%02x over %s", p->id[0], p->id[1], p->id[2],
-            p->id[3], p->e->devs[p->dev].dev->name);
-}
 
 /* ---- credit -------------------------------------------------------------- */
 
@@ -612,7 +343,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
     m = tb_eng_msg_new(0, tag, 0, dst, &h, sizeof(h), text, tlen);
     if (NULL == m) {
         if (keep) {
-            peer_fail(p, TB_CHAN_ENOMEM, "out of memory for a notice");
+            tb_eng_peer_fail(p, TB_CHAN_ENOMEM, "out of memory for a notice");
         }
         return false;
     }
@@ -756,13 +487,17 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
     }
     if (!tb_eng_rank_is(dst, h->pid)) {
         /* The sender alone hears it (its word on the pid is only its own),
-         * on every device as of a death, and not while it holds more than
-         * held_max unread: a sender that never reads cannot grow them. */
+         * on every device as of a death.  A sender that holds more than
+         * held_max unread waits to hear it, as for a full destination: a
+         * refusal is never lost, and one that never reads cannot grow them. */
         char why[200];
+        if (r->ovf_bytes > r->e->p.held_max) {
+            return 0;
+        }
         snprintf(why, sizeof(why), "rank %u on this host is pid %d, not the pid %u the job "
                  "published for it: another process attached in its name",
                  (unsigned) dst->vpid, (int) dst->pid, (unsigned) h->pid);
-        for (unsigned d = 0; d < r->e->ndev && r->ovf_bytes <= r->e->p.held_max; ++d) {
+        for (unsigned d = 0; d < r->e->ndev; ++d) {
             tb_eng_rank_post(r, TB_EREC_GONE, 0, (uint16_t) (TB_ELINK_LOCAL + d), h->vpid,
                              h->pid, why, strlen(why), NULL, 0);
         }
@@ -939,7 +674,7 @@ static void peer_violation(eng_peer_t *p, const char *fault, const char *why)
     if (p->conn) {
         tb_channel_abort(tb_conn_channel(p->conn), TB_CHAN_EPROTO, fault);
     }
-    peer_fail(p, TB_CHAN_EPROTO, why);
+    tb_eng_peer_fail(p, TB_CHAN_EPROTO, why);
 }
 
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len)
@@ -1016,16 +751,18 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         }
         return;
     case TB_ETAG_GONE:
-        /* Every GONE is copied to every rank: only the first for a rank
-         * counts, and no engine has more ranks than one engine may serve. */
+        /* Every GONE is copied to every rank, once per process (rank and
+         * pid).  An engine tells of at most as many as one engine serves:
+         * more takes processes attaching in dead ranks' names, which share
+         * the user and could end the job anyway. */
         for (unsigned i = 0; i < p->ngone; ++i) {
             if (p->gone[i].vpid == src && p->gone[i].pid == tb_wire_le32(h.src_pid)) {
                 return;
             }
         }
         if (p->ngone == ENG_MAX_RANKS) {
-            peer_violation(p, "too many ranks gone",
-                           "it said more ranks are gone than one engine serves");
+            peer_violation(p, "too many processes gone",
+                           "it said more processes are gone than one engine serves");
             return;
         }
         p->gone[p->ngone].vpid = src;
@@ -1059,7 +796,7 @@ static void chan_send_done(void *ctx, void *cookie, int status)
 
 static void chan_error(void *ctx, int status, const char *why)
 {
-    peer_fail(ctx, status, why);
+    tb_eng_peer_fail(ctx, status, why);
 }
 
 /* ---- ranks coming and going ---------------------------------------------- */
@@ -1147,6 +884,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         }
         drop_waiting(p, NULL, 0);
         drop_notices(p);
+        tb_mem_wipe(p->pair_secret, sizeof(p->pair_secret));
         free(p);
         e->peers[i] = NULL;
     }

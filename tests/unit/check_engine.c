@@ -876,9 +876,81 @@ START_TEST(attach_unnamed_listener)
     ck_assert_int_eq(bind(lfd, (struct sockaddr *) &sa, sizeof(sa)), 0);
     ck_assert_int_eq(listen(lfd, 4), 0);
     params(&p, "job13", 0, NULL);
+    p.timeout_ns = 1000000000ull;
     ck_assert_int_eq(tb_eclient_attach(&p, &c, err, sizeof(err)), TB_ECLIENT_ERROR);
     ck_assert_msg(NULL != strstr(err, "is not the engine its directory names"), "why: %s", err);
     close(lfd);
+}
+END_TEST
+
+/* An engine given a descriptor that is not open (997) says so, and starts
+ * nothing (it said the directory was not private). */
+START_TEST(engine_bad_dir_fd)
+{
+    char cmd[1200], out[1024] = "";
+    size_t n;
+    FILE *f;
+
+    make_tmpdir();
+    snprintf(cmd, sizeof(cmd), "%s --dir %s --dir-fd 997 2>&1", TB_ENGINE_BUILD_PATH,
+             tmpdir);
+    f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = 0;
+    ck_assert_int_ne(pclose(f), 0);
+    ck_assert_msg(NULL != strstr(out, "--dir-fd 997 is no open descriptor"), "said: %s", out);
+}
+END_TEST
+
+struct pidfile_fix {
+    char path[500];
+    pid_t pid;
+};
+
+static void *pidfile_fix_later(void *arg)
+{
+    struct pidfile_fix *f = arg;
+    char text[32];
+    int fd, n;
+
+    usleep(300000);
+    fd = open(f->path, O_WRONLY | O_TRUNC);
+    n = snprintf(text, sizeof(text), "%d\n", (int) f->pid);
+    if (fd < 0 || n != write(fd, text, (size_t) n)) {
+        abort();
+    }
+    close(fd);
+    return NULL;
+}
+
+/* A pid file that names the listener only a moment later (being written, or
+ * an engine taking over) delays the rank, not fails it: it asks again until
+ * its deadline (it once failed at the first look). */
+START_TEST(attach_pidfile_late)
+{
+    struct pidfile_fix fix;
+    tb_eclient_params_t p;
+    tb_eclient_t *c = NULL;
+    tb_engine_t *e;
+    pthread_t th, fixer;
+    char err[512], dir[400], text[32];
+    int fd, n, rc;
+
+    e = start_engine("job15", 7, "/nonexistent/libibverbs.so", dir, sizeof(dir), &th);
+    snprintf(fix.path, sizeof(fix.path), "%s/%s", dir, TB_ENGINE_PIDFILE);
+    fix.pid = getpid();
+    fd = open(fix.path, O_WRONLY | O_TRUNC);
+    n = snprintf(text, sizeof(text), "%d\n", (int) getppid());
+    ck_assert_int_eq(write(fd, text, (size_t) n), n);
+    close(fd);
+    ck_assert_int_eq(pthread_create(&fixer, NULL, pidfile_fix_later, &fix), 0);
+    params(&p, "job15", 0, NULL);
+    rc = tb_eclient_attach(&p, &c, err, sizeof(err));
+    ck_assert_msg(TB_ECLIENT_NODEV == rc, "attach: %d: %s", rc, err);
+    pthread_join(fixer, NULL);
+    pthread_join(th, NULL);
+    tb_engine_destroy(e);
 }
 END_TEST
 
@@ -1058,6 +1130,8 @@ int main(void)
     tcase_add_test(tc, hostile_engine_names);
     tcase_add_test(tc, attach_foreign_listener);
     tcase_add_test(tc, attach_unnamed_listener);
+    tcase_add_test(tc, attach_pidfile_late);
+    tcase_add_test(tc, engine_bad_dir_fd);
     tcase_add_test(tc, engine_identity_proven);
     tcase_add_test(tc, impostor_gets_nothing);
     tcase_add_test(tc, dir_replaced_under_engine);

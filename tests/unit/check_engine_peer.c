@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "engine_harness.h"
+#include "tb_cm.h"
 #include "tb_log.h"
+#include "tb_sha256.h"
+#include "tb_x25519.h"
 
 static void log_quiet(tb_log_level_t level, const char *msg, void *ctx)
 {
@@ -211,6 +214,97 @@ START_TEST(dh_budget)
         n++;
     }
     ck_assert_uint_eq(n, ENG_DH_BURST);
+    /* What is earned between two asks stays earned: refilled at 1.5
+     * intervals, the next is due at 2 (it once slid to 2.5). */
+    now += 2000 * ENG_DH_EVERY_NS;
+    while (tb_eng_dh_allowed(h.e, now)) {
+    }
+    ck_assert(tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS * 3 / 2));
+    ck_assert(!tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS * 3 / 2));
+    ck_assert(tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS * 11 / 5));
+    ck_assert(!tb_eng_dh_allowed(h.e, now + ENG_DH_EVERY_NS * 23 / 10));
+    eh_fini(&h);
+}
+END_TEST
+
+/* The pair secret is the two engines': one named by a rank over any cable
+ * costs no Diffie-Hellman from the budget on another cable (the cache was
+ * per cable, so a known engine calling on its second cable was refused
+ * while the budget was spent), and both ends compute the same.  Callers
+ * nobody named are refused as busy, not as strangers, when it is spent. */
+START_TEST(pair_secret_any_cable)
+{
+    static const char label[] = "tbrdma engine pair key";
+    uint8_t b_pub[TB_X25519_SIZE], b_priv[TB_X25519_SIZE], c_pub[TB_X25519_SIZE];
+    uint8_t c_priv[TB_X25519_SIZE], z[TB_X25519_SIZE], want[TB_WIRE_SECRET_SIZE];
+    uint8_t got[TB_WIRE_SECRET_SIZE];
+    eng_harness_t h;
+    tb_hmac_t mac;
+    tb_engine_t *e;
+
+    (void) setup(&h);
+    e = h.e;
+    ck_assert_int_eq(tb_x25519_keypair(e->id, e->id_priv), 0);
+    ck_assert_int_eq(tb_x25519_keypair(b_pub, b_priv), 0);
+    ck_assert_int_eq(tb_x25519_keypair(c_pub, c_priv), 0);
+    memset(e->job_key, 0x5a, sizeof(e->job_key));
+    e->have_key = true;
+    e->devs[1] = e->devs[0];
+    e->devs[1].idx = 1;
+    e->ndev = 2;
+    e->dh_tokens = 0;
+    e->dh_refill_ns = tb_now_ns() + 3600ull * 1000000000ull;
+    ck_assert_int_eq(tb_eng_cm_peer_secret(&e->devs[1], b_pub, sizeof(b_pub), got),
+                     TB_CM_SECRET_BUSY);
+    ck_assert_ptr_nonnull(tb_eng_peer_for(e, 0, b_pub, true));
+    ck_assert_int_eq(tb_eng_cm_peer_secret(&e->devs[1], b_pub, sizeof(b_pub), got), 0);
+    ck_assert_int_eq(tb_x25519_shared(z, b_priv, e->id), 0);
+    tb_hmac_init(&mac, e->job_key, sizeof(e->job_key));
+    tb_hmac_update(&mac, label, sizeof(label));
+    tb_hmac_update(&mac, z, sizeof(z));
+    tb_hmac_final(&mac, want);
+    ck_assert_mem_eq(got, want, sizeof(want));
+    memset(got, 0, sizeof(got));
+    ck_assert_int_eq(tb_eng_cm_peer_secret(&e->devs[0], b_pub, sizeof(b_pub), got), 0);
+    ck_assert_mem_eq(got, want, sizeof(want));
+    ck_assert_uint_eq(e->dh_tokens, 0);
+    ck_assert_int_eq(tb_eng_cm_peer_secret(&e->devs[0], c_pub, sizeof(c_pub), got),
+                     TB_CM_SECRET_BUSY);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A rank that names the wrong pid for a rank of its own host hears why,
+ * even while it holds more than held_max unread: its send waits until it
+ * reads (the refusal was dropped, and that rank could wait for ever). */
+START_TEST(local_refusal_kept)
+{
+    static char buf[1024];
+    eng_harness_t h;
+    unsigned gone = 0, total = 0, n = 0;
+    tb_engine_t *e;
+
+    (void) setup(&h);
+    e = h.e;
+    e->p.held_max = 16384;
+    e->ranks[0].routes[0] = ENG_ROUTE_LOCAL(0);
+    e->ranks[1].routes[0] = ENG_ROUTE_LOCAL(0);
+    while (e->ranks[0].ovf_bytes <= e->p.held_max && n++ < 10000) {
+        ck_assert_int_eq(eh_rank_write(&h, 1, TB_EREC_SEND, 0, 0, 0, true, buf, sizeof(buf)), 0);
+        eh_progress(&h);
+    }
+    ck_assert_uint_gt(e->ranks[0].ovf_bytes, e->p.held_max);
+    ck_assert_int_eq(eh_rank_write(&h, 0, TB_EREC_SEND, 0, 0, 1, false, "x", 1), 0);
+    for (int i = 0; i < 1000; ++i) {
+        eh_progress(&h);
+        if (i > 10) {
+            (void) eh_rank_read(&h, 0, 1000000, TB_EREC_GONE, &gone);
+            total += gone;
+        }
+        ck_assert_ptr_null(eh_check(&h));
+    }
+    ck_assert_uint_eq(total, e->ndev);
+    ck_assert_uint_eq(h.last_pid, EH_PID(1) + 77);
     eh_fini(&h);
 }
 END_TEST
@@ -227,6 +321,8 @@ int main(void)
     tcase_add_test(tc, peer_data_wrong_pid);
     tcase_add_test(tc, peer_gone_per_process);
     tcase_add_test(tc, dh_budget);
+    tcase_add_test(tc, pair_secret_any_cable);
+    tcase_add_test(tc, local_refusal_kept);
     tcase_add_test(tc, peer_empty_data_bounded);
     tcase_add_test(tc, peer_data_with_reader);
     suite_add_tcase(s, tc);
