@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tb_clock.h"
 #include "tb_shm_ring.h"
 
 #define RING (64u * 1024u)
@@ -318,8 +319,14 @@ START_TEST(ring_producer_killed)
                 i += put_seq(&prod, i) >= 0 ? 1 : 0;
             }
         }
-        /* Read while it writes, then kill it wherever it is. */
-        for (uint64_t t0 = (uint64_t) time(NULL); (uint64_t) time(NULL) - t0 < 1 && got < 100;) {
+        /* Read while it writes, then kill it wherever it is. A child that
+         * starts slowly (ThreadSanitizer, a busy host) is waited for until
+         * its first record, so every round kills a producer at work. */
+        for (uint64_t t0 = tb_now_ns(); got < 100;) {
+            uint64_t spent = tb_now_ns() - t0;
+            if ((got > 0 && spent > 1000000000ULL) || spent > 10000000000ULL) {
+                break;
+            }
             got += get_seq(&cons, got) ? 1 : 0;
         }
         nanosleep(&ts, NULL);
