@@ -5,6 +5,7 @@
 #include "tb_engine_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,14 @@ void tb_eng_accept(tb_engine_t *e, uint64_t now)
     /* Only this user's processes: anyone else is closed on unheard. */
     if (0 != tb_usock_peer(fd, &uid, &pid) || uid != getuid()) {
         TB_WARN("refused a process of uid %d on the engine's socket", (int) uid);
+        close(fd);
+        return;
+    }
+    /* Said, not inherited: Linux's accept gives a blocking socket, macOS's
+     * the listener's O_NONBLOCK, and the engine must never wait on a rank. */
+    if (0 != fcntl(fd, F_SETFL, O_NONBLOCK)) {
+        TB_WARN("could not make a rank's socket non-blocking (fcntl: %s): closed it",
+                strerror(errno));
         close(fd);
         return;
     }

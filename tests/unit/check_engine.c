@@ -169,8 +169,9 @@ static void *engine_thread(void *arg)
     return NULL;
 }
 
-/* An engine for job, on verbs_library, run in a thread: the job's private
- * directory and key made first, as the job's first rank would. */
+/* An engine for job, on verbs_library, run in a thread (none if th is
+ * NULL): the job's private directory and key made first, as the job's first
+ * rank would. */
 static tb_engine_t *start_engine(const char *job, uint8_t key0, const char *verbs_library,
                                  char *dir, size_t dirlen, pthread_t *th)
 {
@@ -193,7 +194,9 @@ static tb_engine_t *start_engine(const char *job, uint8_t key0, const char *verb
     ep.dir = dir;
     ep.tunables.verbs_library = verbs_library;
     ck_assert_msg(0 == tb_engine_create(&ep, &e, err, sizeof(err)), "%s", err);
-    ck_assert_int_eq(pthread_create(th, NULL, engine_thread, e), 0);
+    if (th) {
+        ck_assert_int_eq(pthread_create(th, NULL, engine_thread, e), 0);
+    }
     return e;
 }
 
@@ -237,6 +240,32 @@ START_TEST(attach_silent_connections)
     for (int i = 0; i < 20; ++i) {
         close(silent[i]);
     }
+    tb_engine_destroy(e);
+}
+END_TEST
+
+/* The engine never blocks on a rank's socket, whatever the system makes of
+ * an accepted socket's mode: Linux gives a blocking one, macOS one that
+ * inherits the listener's O_NONBLOCK. */
+START_TEST(accepted_socket_nonblocking)
+{
+    tb_engine_t *e;
+    char dir[400], path[500];
+    int client, fd = -1;
+
+    e = start_engine("job_nonblock", 9, "/nonexistent/libibverbs.so", dir, sizeof(dir), NULL);
+    snprintf(path, sizeof(path), "%s/%s", dir, TB_ENGINE_SOCKET);
+    client = tb_usock_connect(path);
+    ck_assert_int_ge(client, 0);
+    tb_eng_accept(e, tb_now_ns());
+    for (unsigned i = 0; i < ENG_MAX_PENDING; ++i) {
+        if (e->pending_fd[i] >= 0) {
+            fd = e->pending_fd[i];
+        }
+    }
+    ck_assert_int_ge(fd, 0);
+    ck_assert(fcntl(fd, F_GETFL) & O_NONBLOCK);
+    close(client);
     tb_engine_destroy(e);
 }
 END_TEST
@@ -1118,6 +1147,7 @@ int main(void)
 
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, attach_no_device);
+    tcase_add_test(tc, accepted_socket_nonblocking);
     tcase_add_test(tc, attach_refusals);
     tcase_add_test(tc, segment_sealed);
     tcase_add_test(tc, attach_silent_connections);
