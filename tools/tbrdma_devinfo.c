@@ -3,15 +3,19 @@
  *
  * For checking a cluster's cabling before running a job: every device with
  * its paired interface, address, limits (as reported, and as tbrdma uses
- * them under Apple's rules) and, for an unusable one, why.
+ * them under Apple's rules) and, for an unusable one, why and what to do
+ * (tbrdma_devcheck.h).
  */
 #include "tb_config.h"
 #include "tb_device.h"
 #include "tb_log.h"
 #include "tb_namefilter.h"
+#include "tbrdma_devcheck.h"
 
 #include <arpa/inet.h>
 #include <getopt.h>
+#include <net/if.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,13 +66,70 @@ static void print_locality(const char *device_name)
 }
 #endif
 
-static void print_device(const tb_device_t *dev)
-{
-    char gid[64], ip[INET_ADDRSTRLEN], mask[INET_ADDRSTRLEN];
+/* What to do about a bridged port or a port without an address. */
+#if defined(__APPLE__)
+static const char unbridge_fmt[] = "turn the Thunderbolt Bridge off (System Settings > Network > "
+                                   "Thunderbolt Bridge: Inactive) or take %s out of it";
+static const char address_fmt[] = "macOS gives a port without a manual address one in "
+                                  "169.254.0.0/16 once its cable is up, which can take minutes; "
+                                  "or give %s one";
+#else
+static const char unbridge_fmt[] = "take it out: ip link set %s nomaster";
+static const char address_fmt[] = "give it one: ip addr add ADDRESS/30 dev %s";
+#endif
 
-    printf("%s: %s\n", dev->name, dev->usable ? "usable" : "NOT USABLE");
+/* What keeps dev from working, each said with what to do: the problems
+ * found, and whether the device is fit for tbrdma. */
+static bool advise(const tb_verbs_t *verbs, const tb_device_t *dev, char problems[][512],
+                   int *nproblems)
+{
+    char ifname[IF_NAMESIZE + 1], bridge[IF_NAMESIZE + 1], what[256];
+    bool fit = dev->usable;
+
+    *nproblems = 0;
+    tb_devcheck_netdev(dev, ifname, sizeof(ifname));
+    if (ifname[0] && tb_devcheck_bridged(ifname, bridge, sizeof(bridge))) {
+        /* Bridged ports loop broadcasts between the hosts, and the bridge,
+         * not the port, holds the address. */
+        snprintf(what, sizeof(what), unbridge_fmt, ifname);
+        snprintf(problems[(*nproblems)++], 512, "its interface %s is a member of bridge %s: %s",
+                 ifname, bridge, what);
+        fit = false;
+    }
+    if (ifname[0] && !dev->usable) {
+        switch (tb_devcheck_has_ipv4(ifname)) {
+        case -1:
+            snprintf(problems[(*nproblems)++], 512,
+                     "this host has no interface %s (renamed after a restart?)", ifname);
+            break;
+        case 0:
+            snprintf(what, sizeof(what), address_fmt, ifname);
+            snprintf(problems[(*nproblems)++], 512, "its interface %s has no IPv4 address yet: %s",
+                     ifname, what);
+            break;
+        default:
+            break;
+        }
+    }
+    if (dev->usable && 0 != tb_devcheck_uc_qp(verbs, dev, problems[*nproblems], 512)) {
+        (*nproblems)++;
+        fit = false;
+    }
+    return fit;
+}
+
+static bool print_device(const tb_verbs_t *verbs, const tb_device_t *dev)
+{
+    char gid[64], ip[INET_ADDRSTRLEN], mask[INET_ADDRSTRLEN], problems[3][512];
+    int nproblems;
+    bool fit = advise(verbs, dev, problems, &nproblems);
+
+    printf("%s: %s\n", dev->name, fit ? "usable" : "NOT USABLE");
     if (!dev->usable) {
         printf("  reason:        %s\n", dev->reason);
+    }
+    for (int i = 0; i < nproblems; ++i) {
+        printf("  problem:       %s\n", problems[i]);
     }
     printf("  interface:     %s\n", dev->netdev[0] ? dev->netdev : "unknown");
     if (dev->gid_index >= 0) {
@@ -89,6 +150,7 @@ static void print_device(const tb_device_t *dev)
         printf("    path MTU     %u bytes\n", (unsigned) dev->hw.mtu);
         print_locality(dev->name);
     }
+    return fit;
 }
 
 static void usage(FILE *out, const char *argv0)
@@ -148,16 +210,21 @@ int main(int argc, char **argv)
     }
     if (0 != tb_device_list_open(&list, library, &filter, err, sizeof(err))) {
         fprintf(stderr, "tbrdma_devinfo: %s\n", err);
+#if defined(__APPLE__)
+        fprintf(stderr, "tbrdma_devinfo: %s\n", tb_devcheck_no_device_hint());
+#endif
         return 2;
     }
     printf("verbs library: %s\n", list.verbs.path);
-    if (0 == list.count) {
-        printf("no RDMA device%s\n", filter.count ? " passes the filter" : "");
+    if (0 == list.count && filter.count) {
+        printf("no RDMA device passes the filter\n");
+    } else if (0 == list.count) {
+        printf("no RDMA device: %s\n", tb_devcheck_no_device_hint());
     }
+    usable = 0;
     for (i = 0; i < list.count; ++i) {
-        print_device(&list.devices[i]);
+        usable += print_device(&list.verbs, &list.devices[i]) ? 1 : 0;
     }
-    usable = tb_device_list_usable_count(&list);
     tb_device_list_close(&list);
     return usable > 0 ? 0 : 1;
 }

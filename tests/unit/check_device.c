@@ -1,11 +1,17 @@
 /*
  * Unit tests of the device layer: name filters, GID helpers, Apple limits,
- * and discovery through a stand-in verbs library (fake_verbs.c).
+ * and discovery through a stand-in verbs library (fake_verbs.c); and of
+ * tbrdma_devinfo's advice (tools/tbrdma_devcheck.h): the device that lists
+ * but makes no UC queue pair (the stand-in's "open" device, like a
+ * Thunderbolt 4 port), interfaces with and without an address, and macOS's
+ * bridge listing.  A bridged port and a port without an address are checked
+ * in the virtual cluster (tests/vcluster/guest-check-build).
  */
 #include "tb_config.h"
 #include "tb_device.h"
 #include "tb_log.h"
 #include "tb_namefilter.h"
+#include "tbrdma_devcheck.h"
 
 #include <check.h>
 #include <arpa/inet.h>
@@ -223,6 +229,80 @@ START_TEST(missing_or_wrong_library_explains)
 }
 END_TEST
 
+START_TEST(uc_qp_refused_is_said)
+{
+    tb_device_list_t l;
+    const tb_device_t *d;
+    char why[512] = "";
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:open:127.0.0.1;rdma_en1:active:127.0.0.1", 1);
+    ck_assert_int_eq(tb_device_list_open(&l, FAKE_VERBS_PATH, NULL, err, sizeof(err)), 0);
+    d = find(&l, "rdma_en0");
+    ck_assert(d && d->usable);
+    ck_assert_int_eq(tb_devcheck_uc_qp(&l.verbs, d, why, sizeof(why)), -1);
+    ck_assert_msg(NULL != strstr(why, "ibv_create_qp(UC) failed") &&
+                      NULL != strstr(why, "Thunderbolt 4"),
+                  "why: %s", why);
+    d = find(&l, "rdma_en1");
+    ck_assert(d && d->usable);
+    ck_assert_int_eq(tb_devcheck_uc_qp(&l.verbs, d, why, sizeof(why)), -1);
+    ck_assert_msg(NULL != strstr(why, "ibv_alloc_pd failed"), "why: %s", why);
+    tb_device_list_close(&l);
+}
+END_TEST
+
+START_TEST(interface_found_and_addressed)
+{
+    tb_device_list_t l;
+    char ifname[32];
+
+    setenv("TB_FAKE_VERBS", "rdma_en0:active:127.0.0.1;mlx5_0:active:none;rdma_en9:active:none", 1);
+    ck_assert_int_eq(tb_device_list_open(&l, FAKE_VERBS_PATH, NULL, err, sizeof(err)), 0);
+    tb_devcheck_netdev(find(&l, "rdma_en0"), ifname, sizeof(ifname));
+    ck_assert_str_eq(ifname, "lo");
+    ck_assert_int_eq(tb_devcheck_has_ipv4(ifname), 1);
+    ck_assert(!tb_devcheck_bridged(ifname, ifname, sizeof(ifname)));
+    /* Neither a name that says nor a GID that Linux pairs with one. */
+    tb_devcheck_netdev(find(&l, "mlx5_0"), ifname, sizeof(ifname));
+    ck_assert_str_eq(ifname, "");
+    tb_devcheck_netdev(find(&l, "rdma_en9"), ifname, sizeof(ifname));
+    ck_assert_str_eq(ifname, "en9");
+    ck_assert_int_eq(tb_devcheck_has_ipv4("tbrdma-none0"), -1);
+    tb_device_list_close(&l);
+}
+END_TEST
+
+/* What macOS's ifconfig prints for the Thunderbolt Bridge. */
+START_TEST(macos_bridge_members)
+{
+    static const char text[] =
+        "bridge0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500\n"
+        "\toptions=63<RXCSUM,TXCSUM,TSO4,TSO6>\n"
+        "\tether 36:a1:b2:c3:d4:e5\n"
+        "\tConfiguration:\n"
+        "\t\tid 0:0:0:0:0:0 priority 0 hellotime 0 fwddelay 0\n"
+        "\tmember: en1 flags=3<LEARNING,DISCOVER>\n"
+        "\t        ifmaxaddr 0 port 9 priority 0 path cost 0\n"
+        "\tmember: en12 flags=3<LEARNING,DISCOVER>\n"
+        "\t        ifmaxaddr 0 port 10 priority 0 path cost 0\n"
+        "\tstatus: inactive\n";
+
+    ck_assert(tb_devcheck_ifconfig_lists_member(text, "en1"));
+    ck_assert(tb_devcheck_ifconfig_lists_member(text, "en12"));
+    ck_assert(!tb_devcheck_ifconfig_lists_member(text, "en2"));
+    ck_assert(!tb_devcheck_ifconfig_lists_member(text, "en"));
+    ck_assert(!tb_devcheck_ifconfig_lists_member(text, "bridge0"));
+    ck_assert(!tb_devcheck_ifconfig_lists_member(text, ""));
+    ck_assert(tb_devcheck_ifconfig_lists_member("member:\ten3", "en3"));
+}
+END_TEST
+
+START_TEST(no_device_says_what_to_do)
+{
+    ck_assert_ptr_nonnull(strstr(tb_devcheck_no_device_hint(), "rdma link add"));
+}
+END_TEST
+
 static Suite *device_suite(void)
 {
     Suite *s = suite_create("device");
@@ -245,6 +325,13 @@ static Suite *device_suite(void)
     tcase_add_test(tc, discovery_applies_filter);
     tcase_add_test(tc, discovery_no_device_is_not_an_error);
     tcase_add_test(tc, missing_or_wrong_library_explains);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("devinfo advice");
+    tcase_add_test(tc, uc_qp_refused_is_said);
+    tcase_add_test(tc, interface_found_and_addressed);
+    tcase_add_test(tc, macos_bridge_members);
+    tcase_add_test(tc, no_device_says_what_to_do);
     suite_add_tcase(s, tc);
     return s;
 }
