@@ -267,6 +267,18 @@ int tb_device_list_usable_count(const tb_device_list_t *list)
     return n;
 }
 
+int tb_device_list_count_subnet(const tb_device_list_t *list, uint32_t ipv4)
+{
+    int i, n = 0;
+
+    for (i = 0; i < list->count; ++i) {
+        const tb_device_t *d = &list->devices[i];
+        n += d->usable && d->netmask.s_addr
+             && (d->ipv4.s_addr & d->netmask.s_addr) == (ipv4 & d->netmask.s_addr);
+    }
+    return n;
+}
+
 void tb_device_list_close(tb_device_list_t *list)
 {
     int i;

@@ -71,6 +71,11 @@ void tb_device_list_close(tb_device_list_t *list);
 
 int tb_device_list_usable_count(const tb_device_list_t *list);
 
+/* How many usable devices of the list have ipv4 (network byte order) on
+ * their subnet: more than one, and a peer's address there names no single
+ * cable of this host. */
+int tb_device_list_count_subnet(const tb_device_list_t *list, uint32_t ipv4);
+
 /* Pure helpers, exposed for tests and tools. */
 bool tb_gid_is_ipv4_mapped(const union ibv_gid *gid);
 void tb_gid_to_string(const union ibv_gid *gid, char *buf, size_t buflen);

@@ -51,14 +51,19 @@ int tb_modex_find_device(const tb_wire_modex_t *mx, uint32_t ipv4)
 
 int tb_modex_find_cable(const tb_wire_modex_t *mx, uint32_t ipv4, uint32_t netmask)
 {
+    int found = -1;
+
     if (0 == netmask) {
         return -1;
     }
     for (unsigned i = 0; i < mx->ndevices; i++) {
         const tb_wire_modex_dev_t *d = &mx->devices[i];
         if ((d->ipv4 & netmask) == (ipv4 & netmask) && d->ipv4 != ipv4) {
-            return (int) i;
+            if (found >= 0) {
+                return TB_MODEX_AMBIGUOUS;
+            }
+            found = (int) i;
         }
     }
-    return -1;
+    return found;
 }

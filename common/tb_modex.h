@@ -19,8 +19,11 @@ size_t tb_modex_size(unsigned ndevices);
 int tb_modex_check(const void *buf, size_t len, const char **why);
 
 /* The entry's device on the subnet of ipv4/netmask (network byte order) and
- * not at ipv4 itself: the far end of that cable.  Its index, or -1.  The
- * entry must have passed tb_modex_check. */
+ * not at ipv4 itself: the far end of that cable.  Its index, -1 if none,
+ * TB_MODEX_AMBIGUOUS if several are (ports that share one subnet, as a Mac's
+ * self-assigned 169.254/16 addresses do: a subnet then names no cable).
+ * The entry must have passed tb_modex_check. */
+#define TB_MODEX_AMBIGUOUS (-2)
 int tb_modex_find_cable(const tb_wire_modex_t *mx, uint32_t ipv4, uint32_t netmask);
 
 /* The entry's device at ipv4 itself: a process of this host through the

@@ -178,6 +178,9 @@ START_TEST(discovery_reports_each_case)
     d = find(&l, "rdma_en2");
     ck_assert(!d->usable);
     ck_assert_ptr_nonnull(strstr(d->reason, "192.0.2.77 is on no interface"));
+    /* Only usable devices count: rdma_en0 (127.0.0.1/8) holds 127.1.2.3. */
+    ck_assert_int_eq(tb_device_list_count_subnet(&l, htonl(0x7f010203u)), 1);
+    ck_assert_int_eq(tb_device_list_count_subnet(&l, htonl(0xc0000201u)), 0);
     tb_device_list_close(&l);
     ck_assert_int_eq(l.count, 0);
 }

@@ -203,6 +203,11 @@ START_TEST(modex_entry_checks)
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640101u), htonl(0xfffffffcu)), 1);
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640901u), htonl(0xfffffffcu)), -1);
     ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640102u), htonl(0xfffffffcu)), -1);
+    /* a /16 holds all three of the peer's ports: no cable is named (it
+     * once named the first, and a rank dialled over a cable that did not
+     * reach it) */
+    ck_assert_int_eq(tb_modex_find_cable(mx, htonl(0x0a640001u), htonl(0xffff0000u)),
+                     TB_MODEX_AMBIGUOUS);
     /* the same device, for a process of the same host */
     ck_assert_int_eq(tb_modex_find_device(mx, htonl(0x0a640102u)), 1);
     ck_assert_int_eq(tb_modex_find_device(mx, htonl(0x0a640101u)), -1);
