@@ -45,7 +45,7 @@ void tb_devcheck_netdev(const tb_device_t *dev, char *ifname, size_t len)
 int tb_devcheck_has_ipv4(const char *ifname)
 {
     struct ifaddrs *all, *a;
-    int found = -1;
+    int found = 0;
 
     if (0 == if_nametoindex(ifname)) {
         return -1;
@@ -53,7 +53,6 @@ int tb_devcheck_has_ipv4(const char *ifname)
     if (0 != getifaddrs(&all)) {
         return -1;
     }
-    found = 0;
     for (a = all; a; a = a->ifa_next) {
         if (a->ifa_addr && AF_INET == a->ifa_addr->sa_family && 0 == strcmp(a->ifa_name, ifname)) {
             found = 1;
