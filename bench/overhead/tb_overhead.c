@@ -423,6 +423,7 @@ int main(int argc, char **argv)
             }
         }
         printf("floor_ns_per_frame %.1f\n", (double) (cpu_ns() - t0) / (double) n);
+        (void) sink;
     }
 
     /* One way: side 0 streams small messages, up to 32 in flight. */
