@@ -15,6 +15,11 @@ AC_DEFUN([TB_CHECK_OMPI], [
         [AS_HELP_STRING([--with-ompi-source=DIR],
             [source tree of the same Open MPI version, for the few headers some
              distributions' devel packages lack (Debian's Open MPI 5.0)])])
+    AC_ARG_WITH([ompi-headers],
+        [AS_HELP_STRING([--with-ompi-headers=DIR],
+            [Open MPI's headers prepared by tools/ompi-headers from the source
+             tarball of the installed version (Homebrew's Open MPI ships none);
+             the libraries and ompi_info stay the installed ones])])
     AC_ARG_WITH([mca-component-dir],
         [AS_HELP_STRING([--with-mca-component-dir=DIR],
             [where mca_btl_tbrdma.so is installed (default: Open MPI's pkglibdir,
@@ -51,6 +56,19 @@ AC_DEFUN([TB_CHECK_OMPI], [
     AS_IF([test -z "$tb_ompi_incdirs" && test -n "$PKG_CONFIG"],
           [tb_ompi_incdirs=`$PKG_CONFIG --cflags-only-I ompi 2>/dev/null | sed 's/-I//g'`
            tb_ompi_libdirs=`$PKG_CONFIG --libs-only-L ompi 2>/dev/null | sed 's/-L//g'`])
+
+    AS_IF([test -n "$with_ompi_headers" && test "$with_ompi_headers" != yes && test "$with_ompi_headers" != no],
+          [AS_IF([test -f "$with_ompi_headers/include/openmpi/opal_config.h"], [],
+                 [AC_MSG_ERROR([--with-ompi-headers=$with_ompi_headers has no include/openmpi/opal_config.h:
+  prepare it with tools/ompi-headers from the installed Open MPI's source tarball])])
+           with_ompi_headers=`cd "$with_ompi_headers" && pwd`
+           tb_ompi_incdirs="$with_ompi_headers/include $with_ompi_headers/include/openmpi"
+           # The bundled packages' directories, as the wrapper compiler names them.
+           AS_IF([test -f "$with_ompi_headers/include-dirs"],
+                 [for tb_dir in `cat "$with_ompi_headers/include-dirs"`; do
+                      tb_ompi_incdirs="$tb_ompi_incdirs $with_ompi_headers/$tb_dir"
+                  done])
+           TB_DISTCHECK_EXTRA_FLAGS="$TB_DISTCHECK_EXTRA_FLAGS --with-ompi-headers=$with_ompi_headers"])
 
     AC_MSG_CHECKING([for Open MPI's opal_config.h])
     tb_ompi_confdir=

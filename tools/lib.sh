@@ -13,7 +13,7 @@ TB_DEBIAN_PACKAGES=(
     build-essential autoconf automake libtool pkg-config
     libopenmpi-dev openmpi-bin libibverbs-dev check libhwloc-dev
     qemu-system-x86 qemu-utils debootstrap e2fsprogs iproute2 util-linux
-    ca-certificates file python3
+    ca-certificates curl file python3
     clang libclang-rt-14-dev llvm
 )
 
@@ -60,4 +60,32 @@ tb_build_in() {
         (cd "$dir" && "$TB_TOP/configure" "$@")
     fi
     make -C "$dir" -j"$(nproc)"
+}
+
+# tb_debian_orig PACKAGE VERSION DIR: the upstream tarball of Debian's source
+# package PACKAGE at VERSION, downloaded into DIR from Debian's archive
+# (TB_DEBIAN_MIRROR) with its description (.dsc), checked against the SHA-256
+# the description gives, and kept there for the next run; prints its path.
+tb_debian_orig() {
+    local pkg=$1 ver=${2#*:} dir=$3 pool sum tarball
+    case $pkg in
+        lib*) pool=${pkg:0:4} ;;
+        *) pool=${pkg:0:1} ;;
+    esac
+    pool=${TB_DEBIAN_MIRROR:-http://deb.debian.org/debian}/pool/main/$pool/$pkg
+    mkdir -p "$dir" || return 1
+    tb_fetch() {
+        curl -fsSL --retry 3 -o "$dir/$1.part" "$pool/$1" && mv "$dir/$1.part" "$dir/$1"
+    }
+    [ -s "$dir/${pkg}_$ver.dsc" ] || tb_fetch "${pkg}_$ver.dsc" ||
+        tb_die "cannot download $pool/${pkg}_$ver.dsc (Debian's archive keeps only current versions)"
+    read -r sum tarball < <(awk '/^Checksums-Sha256:/ { on = 1; next } /^[^ ]/ { on = 0 }
+        on && $3 ~ /\.orig\.tar\./ { print $1, $3; exit }' "$dir/${pkg}_$ver.dsc")
+    [ -n "${tarball:-}" ] || tb_die "${pkg}_$ver.dsc names no upstream tarball"
+    if ! (cd "$dir" && echo "$sum  $tarball" | sha256sum -c --quiet > /dev/null 2>&1); then
+        tb_fetch "$tarball" || tb_die "cannot download $pool/$tarball"
+        (cd "$dir" && echo "$sum  $tarball" | sha256sum -c --quiet > /dev/null 2>&1) ||
+            { rm -f "$dir/$tarball"; tb_die "$tarball does not match the SHA-256 in ${pkg}_$ver.dsc"; }
+    fi
+    printf '%s\n' "$dir/$tarball"
 }
