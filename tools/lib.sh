@@ -64,7 +64,7 @@ tb_build_in() {
 
 # tb_debian_orig PACKAGE VERSION DIR: the upstream tarball of Debian's source
 # package PACKAGE at VERSION, downloaded into DIR from Debian's archive
-# (TB_DEBIAN_MIRROR) with its description (.dsc), checked against the SHA-256
+# (TB_DEBIAN_MIRROR, else apt's mirror) with its description (.dsc), checked against the SHA-256
 # the description gives, and kept there for the next run; prints its path.
 tb_debian_orig() {
     local pkg=$1 ver=${2#*:} dir=$3 pool sum tarball
@@ -72,7 +72,12 @@ tb_debian_orig() {
         lib*) pool=${pkg:0:4} ;;
         *) pool=${pkg:0:1} ;;
     esac
-    pool=${TB_DEBIAN_MIRROR:-http://deb.debian.org/debian}/pool/main/$pool/$pkg
+    # The mirror apt uses (deb822 or one-line sources), else Debian's own.
+    local mirror=${TB_DEBIAN_MIRROR:-}
+    [ -n "$mirror" ] || mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2> /dev/null |
+        sed -n -e 's|^URIs:[[:space:]]*\([^[:space:]]*/debian\)/*$|\1|p' \
+            -e 's|^deb[[:space:]]\{1,\}\([a-z]*://[^[:space:]]*/debian\)/*[[:space:]].*|\1|p' | head -1) || true
+    pool=${mirror:-http://deb.debian.org/debian}/pool/main/$pool/$pkg
     mkdir -p "$dir" || return 1
     tb_fetch() {
         curl -fsSL --retry 3 -o "$dir/$1.part" "$pool/$1" && mv "$dir/$1.part" "$dir/$1"
