@@ -460,15 +460,19 @@ int tb_engine_create(const tb_engine_params_t *p, tb_engine_t **out, char *err, 
                  n >= 0 ? "too short" : strerror(errno));
         goto fail;
     }
-    /* Who runs the directory: ranks tell a live engine from a dead one by it. */
-    fd = openat(e->dirfd, TB_ENGINE_PIDFILE, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+    /* Who runs the directory: ranks tell a live engine from a dead one by it.
+     * Written aside and renamed: a rank reading it half-written would take
+     * the engine for dead and start another. */
+    snprintf(tmpname, sizeof(tmpname), "%s.%d", TB_ENGINE_PIDFILE, (int) getpid());
+    fd = openat(e->dirfd, tmpname, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     n = snprintf(path, sizeof(path), "%d\n", (int) getpid());
-    if (fd < 0 || n != write(fd, path, (size_t) n)) {
+    if (fd < 0 || n != write(fd, path, (size_t) n)
+        || 0 != renameat(e->dirfd, tmpname, e->dirfd, TB_ENGINE_PIDFILE)) {
         snprintf(err, errlen, "cannot write %s/%s: %s", p->dir, TB_ENGINE_PIDFILE,
                  strerror(errno));
         if (fd >= 0) {
             close(fd);
+            (void) unlinkat(e->dirfd, tmpname, 0);
         }
         goto fail;
     }

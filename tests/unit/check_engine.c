@@ -940,13 +940,17 @@ struct pidfile_fix {
 static void *pidfile_fix_later(void *arg)
 {
     struct pidfile_fix *f = arg;
-    char text[32];
+    char text[32], tmp[520];
     int fd, n;
 
+    /* Replaced whole, as the engine writes it: a rank that read it empty
+     * would start an engine of its own, and the one under test would wait
+     * its 60 s for a rank. */
     usleep(300000);
-    fd = open(f->path, O_WRONLY | O_TRUNC);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", f->path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     n = snprintf(text, sizeof(text), "%d\n", (int) f->pid);
-    if (fd < 0 || n != write(fd, text, (size_t) n)) {
+    if (fd < 0 || n != write(fd, text, (size_t) n) || 0 != rename(tmp, f->path)) {
         abort();
     }
     close(fd);
