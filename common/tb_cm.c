@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tb_cable_probe.h"
 #include "tb_crc32c.h"
 #include "tb_log.h"
 #include "tb_random.h"
@@ -97,6 +98,39 @@ void cm_mac_compute(const cm_sess_t *s, const char *label, const void *extra,
     tb_hmac_update(&h, extra, extra_len);
     tb_hmac_update(&h, msg, len);
     tb_hmac_final(&h, mac);
+}
+
+int cm_socket_out(const tb_cm_t *cm)
+{
+    struct sockaddr_in sin;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
+
+    if (fd < 0) {
+        return -1;
+    }
+    if (cm_set_nonblocking(fd) != 0) {
+        goto fail;
+    }
+    if (cm->netdev[0]) {
+        rc = tb_sock_bind_netdev(fd, cm->netdev);
+        if (rc != 0) {
+            errno = -rc;
+            goto fail;
+        }
+        memset(&sin, 0, sizeof(sin));
+        sin.sin_family = AF_INET;
+        sin.sin_addr = cm->src;
+        if (bind(fd, (struct sockaddr *) &sin, sizeof(sin)) != 0) {
+            goto fail;
+        }
+    }
+    return fd;
+
+fail:
+    rc = errno;
+    close(fd);
+    errno = rc;
+    return -1;
 }
 
 int cm_set_nonblocking(int fd)
@@ -194,7 +228,6 @@ __attribute__((format(printf, 4, 5))) void cm_sess_finish(tb_cm_t *cm, cm_sess_t
     cm->cb.done(cm->cb.ctx, user, status, status == TB_CM_OK ? &s->peer : NULL, why);
 }
 
-/* A caller that did not prove itself: logged, closed, told nothing. */
 /* A session's key and what it read die with it. */
 static void cm_sess_free(cm_sess_t *s)
 {
@@ -202,6 +235,7 @@ static void cm_sess_free(cm_sess_t *s)
     free(s);
 }
 
+/* A caller that did not prove itself: logged, closed, told nothing. */
 void cm_refuse_unproven(tb_cm_t *cm, cm_sess_t *s, const char *why)
 {
     cm->cnt.refused_unauth++;
@@ -535,7 +569,20 @@ int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_c
     if (cm->p.max_per_source == 0) {
         cm->p.max_per_source = TB_CM_PER_SOURCE;
     }
-    cm->p.secret = NULL; /* the caller's buffer need not outlive the call */
+    /* The caller's buffers need not outlive the call. */
+    cm->p.secret = NULL;
+    cm->p.bind_ip = NULL;
+    cm->p.bind_netdev = NULL;
+    cm->src = sin.sin_addr;
+    if (params->bind_netdev && params->bind_netdev[0]) {
+        if (strlen(params->bind_netdev) >= sizeof(cm->netdev)) {
+            TB_ERROR("connection manager: '%s' is not an interface name", params->bind_netdev);
+            tb_mem_wipe(cm, sizeof(*cm));
+            free(cm);
+            return TB_CM_EINVAL;
+        }
+        strcpy(cm->netdev, params->bind_netdev);
+    }
     if (params->secret) {
         memcpy(cm->secret, params->secret, sizeof(cm->secret));
     }
@@ -549,6 +596,10 @@ int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_c
     setsockopt(cm->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     what = "fcntl";
     if (cm_set_nonblocking(cm->lfd) != 0) {
+        goto fail;
+    }
+    what = "binding to its interface";
+    if (cm->netdev[0] && (errno = -tb_sock_bind_netdev(cm->lfd, cm->netdev)) != 0) {
         goto fail;
     }
     what = "bind";
@@ -568,10 +619,12 @@ int tb_cm_create(const tb_cm_params_t *params, const tb_cm_callbacks_t *cb, tb_c
     return TB_CM_OK;
 
 fail:
-    TB_ERROR("connection manager: %s on %s:%u failed: %s%s", what,
+    TB_ERROR("connection manager: %s on %s:%u%s%s failed: %s%s", what,
              params->bind_ip && params->bind_ip[0] ? params->bind_ip : "0.0.0.0",
-             (unsigned) params->port, strerror(errno),
+             (unsigned) params->port, cm->netdev[0] ? " of " : "", cm->netdev, strerror(errno),
              errno == EADDRINUSE ? " (choose another port, or 0 for any free one)"
+             : errno == EPERM ? " (binding a socket to an interface needs Linux 5.7 or later, "
+                                "or CAP_NET_RAW)"
              : errno == EADDRNOTAVAIL ? " (the address is on no interface of this host)"
                                       : "");
     if (cm->lfd >= 0) {

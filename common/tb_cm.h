@@ -98,6 +98,10 @@ typedef struct tb_cm_callbacks {
 
 typedef struct tb_cm_params {
     const char *bind_ip;   /* dotted IPv4 to listen on; NULL or "" for any */
+    /* The interface (a cable's) every socket is bound to, listening and
+     * dialling (tb_cable_probe.h), with bind_ip as the source of dialled
+     * connections; NULL or "" for none. */
+    const char *bind_netdev;
     uint16_t port;         /* 0: ephemeral */
     const void *id;        /* this process's identity, 1..TB_CM_ID_MAX opaque bytes */
     size_t id_len;

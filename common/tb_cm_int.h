@@ -6,6 +6,7 @@
 #ifndef TB_CM_INT_H
 #define TB_CM_INT_H
 
+#include <net/if.h>
 #include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -91,7 +92,9 @@ typedef struct cm_recent {
 } cm_recent_t;
 
 struct tb_cm {
-    tb_cm_params_t p;
+    tb_cm_params_t p; /* bind_ip and bind_netdev not kept: netdev, src */
+    char netdev[IF_NAMESIZE]; /* "" if the sockets are bound to no interface */
+    struct in_addr src;       /* with netdev: the source of dialled connections */
     uint8_t id[TB_CM_ID_MAX];
     uint8_t secret[TB_WIRE_SECRET_SIZE];
     tb_cm_callbacks_t cb;
@@ -116,6 +119,9 @@ void cm_session_key(const tb_cm_t *cm, const void *peer_id, size_t id_len,
 void cm_mac_compute(const cm_sess_t *s, const char *label, const void *extra, size_t extra_len,
                     const void *msg, size_t len, uint8_t *mac);
 int cm_set_nonblocking(int fd);
+/* A non-blocking socket for dialling, bound to the interface and source;
+ * -1 with errno set. */
+int cm_socket_out(const tb_cm_t *cm);
 int cm_blob_valid(const tb_wire_addr_t *a);
 void cm_hdr_fill(tb_wire_cm_hdr_t *h, uint8_t type);
 int cm_hdr_valid(const tb_wire_cm_hdr_t *h, uint8_t type);

@@ -144,12 +144,10 @@ int tb_cm_connect(tb_cm_t *cm, const char *ip, uint16_t port, const void *peer_i
                  "process of this job?", ip, (unsigned) port);
         return TB_CM_EINVAL;
     }
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || cm_set_nonblocking(fd) != 0) {
-        TB_ERROR("connection manager: socket setup failed: %s", strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-        }
+    fd = cm_socket_out(cm);
+    if (fd < 0) {
+        TB_ERROR("connection manager: socket setup%s%s failed: %s", cm->netdev[0] ? " on " : "",
+                 cm->netdev, strerror(errno));
         return TB_CM_ESYS;
     }
     s = cm_sess_new(cm, fd, 1, now_ns + cm->p.timeout_ns);
@@ -193,8 +191,8 @@ int cm_retry_later(tb_cm_t *cm, cm_sess_t *s)
 
 void cm_redial(tb_cm_t *cm, cm_sess_t *s)
 {
-    s->fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (s->fd < 0 || cm_set_nonblocking(s->fd) != 0) {
+    s->fd = cm_socket_out(cm);
+    if (s->fd < 0) {
         cm_sess_finish(cm, s, TB_CM_ESYS, "socket setup failed: %s", strerror(errno));
         return;
     }

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tb_cable_probe.h"
 #include "tb_cm.h"
 #include "tb_crc32c.h"
 #include "tb_log.h"
@@ -43,6 +44,7 @@ typedef struct side {
 } side_t;
 
 static char logged[8192]; /* what the connection manager warned about */
+static const char *bind_netdev; /* the interface sides bind to, if any */
 
 static void log_capture(tb_log_level_t level, const char *msg, void *ctx)
 {
@@ -125,6 +127,7 @@ static void side_init_full(side_t *s, const char *id, uint64_t accept_epoch, uin
     uint8_t secret[TB_WIRE_SECRET_SIZE];
     tb_cm_params_t p = {
         .bind_ip = "127.0.0.1",
+        .bind_netdev = bind_netdev,
         .id = id,
         .id_len = strlen(id),
         .secret = secret,
@@ -571,6 +574,86 @@ START_TEST(test_impostor_responder)
 }
 END_TEST
 
+/* Connection managers bound to an interface (the loopback one here) talk as
+ * before; a probe through that interface finds the listener, a port nobody
+ * listens on refuses, an interface that does not exist cannot be tried; and
+ * the listener's owner hears nothing of a probe (no refusal logged). */
+START_TEST(test_bound_to_interface)
+{
+    side_t a, b;
+    tb_wire_addr_t la;
+    tb_cable_probe_t pr[3];
+    uint16_t closed;
+    int fd;
+    struct sockaddr_in sin;
+    socklen_t len = sizeof(sin);
+
+    bind_netdev = "lo";
+    side_init(&a, "rank-0", 0xa0, 2000);
+    side_init(&b, "rank-1", 0xb0, 2000);
+    bind_netdev = NULL;
+    /* A port that was free a moment ago: nobody listens there. */
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *) &sin, sizeof(sin)), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *) &sin, &len), 0);
+    closed = ntohs(sin.sin_port);
+    close(fd);
+    for (int i = 0; i < 3; ++i) {
+        pr[i] = (tb_cable_probe_t){.netdev = "lo",
+                                   .src_ipv4 = htonl(INADDR_LOOPBACK),
+                                   .dst_ipv4 = htonl(INADDR_LOOPBACK),
+                                   .dst_port = tb_cm_port(b.cm)};
+    }
+    pr[1].dst_port = closed;
+    pr[2].netdev = "tbnosuch0";
+    logged[0] = '\0';
+    tb_cable_probe_run(pr, 3, 2000 * MS);
+    ck_assert_int_eq(pr[0].result, TB_PROBE_REACHED);
+    ck_assert_int_eq(pr[1].result, TB_PROBE_NO);
+    ck_assert_int_eq(pr[1].err, ECONNREFUSED);
+    ck_assert_int_eq(pr[2].result, TB_PROBE_UNKNOWN);
+    ck_assert_int_ne(pr[2].err, 0);
+    spin(&b, 20);
+    ck_assert_uint_eq(tb_cm_counters(b.cm)->refused_unauth, 0);
+    ck_assert_msg(logged[0] == '\0', "logged: %s", logged);
+
+    blob(&la, 0xa1);
+    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
+                                   now_ns()),
+                     TB_CM_OK);
+    run(&a, &b, 1, 1, 3000);
+    ck_assert_int_eq(a.done_status, TB_CM_OK);
+    ck_assert_int_eq(b.done_status, TB_CM_OK);
+    tb_cm_destroy(a.cm);
+    tb_cm_destroy(b.cm);
+}
+END_TEST
+
+/* A connection manager for an interface that is not there does not start
+ * (unbound, it could take a connection from another cable) and says why. */
+START_TEST(test_bound_to_missing_interface)
+{
+    uint8_t secret[TB_WIRE_SECRET_SIZE] = {1};
+    tb_cm_params_t p = {.bind_ip = "127.0.0.1",
+                        .bind_netdev = "tbnosuch0",
+                        .id = "rank-0",
+                        .id_len = 6,
+                        .secret = secret,
+                        .timeout_ns = 1000 * MS,
+                        .max_sessions = 4};
+    tb_cm_callbacks_t cb = {.peer_secret = cb_peer_secret, .accept = cb_accept, .done = cb_done};
+    tb_cm_t *cm = NULL;
+
+    logged[0] = '\0';
+    ck_assert_int_eq(tb_cm_create(&p, &cb, &cm), TB_CM_ESYS);
+    ck_assert_ptr_null(cm);
+    ck_assert_msg(strstr(logged, "tbnosuch0") != NULL, "logged: %s", logged);
+}
+END_TEST
+
 START_TEST(test_unreachable)
 {
     side_t a, b;
@@ -875,6 +958,8 @@ static Suite *cm_suite(void)
     tcase_add_test(tc, test_simultaneous_b_first_b_wins);
     tcase_add_test(tc, test_refused);
     tcase_add_test(tc, test_wrong_peer);
+    tcase_add_test(tc, test_bound_to_interface);
+    tcase_add_test(tc, test_bound_to_missing_interface);
     tcase_add_test(tc, test_unreachable);
     tcase_add_test(tc, test_silent_peer_times_out);
     tcase_add_test(tc, test_malformed);
