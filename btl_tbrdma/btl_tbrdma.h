@@ -282,6 +282,20 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
                                                             opal_proc_t *proc);
 uint64_t mca_btl_tbrdma_now_ns(void);
 
+/* Cables (btl_tbrdma_cable.c).  Where ports share a subnet, try every
+ * remote process's candidate ports at once through the cables that may
+ * reach them (what is known is not tried again). */
+void mca_btl_tbrdma_cable_probe_procs(opal_proc_t **procs, size_t nprocs);
+/* The peer's device (index in mx) at the far end of one of this host's
+ * cables, and this end in *device: the module's own cable, or for the host
+ * module the first cable that leads to the peer (a rank of this host: the
+ * same device, through the engine).  -1: none; TB_MODEX_AMBIGUOUS: only
+ * cables that cannot be told apart, said once per host. */
+int mca_btl_tbrdma_cable_find(const mca_btl_tbrdma_module_t *module, opal_proc_t *proc,
+                              const tb_wire_modex_t *mx, tb_device_t **device);
+/* Forget what was learnt (the component closes). */
+void mca_btl_tbrdma_cable_forget(void);
+
 /* Endpoints and connections (btl_tbrdma_endpoint.c). */
 /* device: this end of the cable to peer_dev (the module's own, but for the
  * host module). */

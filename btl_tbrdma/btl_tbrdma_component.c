@@ -355,6 +355,7 @@ static int tbrdma_component_close(void)
     free(c->modules);
     c->modules = NULL;
     c->num_modules = 0;
+    mca_btl_tbrdma_cable_forget();
     if (c->engine) {
         mca_btl_tbrdma_engine_stop();
     }

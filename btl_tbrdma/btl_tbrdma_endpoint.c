@@ -462,6 +462,7 @@ int mca_btl_tbrdma_module_start(mca_btl_tbrdma_module_t *module, char *err, size
     inet_ntop(AF_INET, &module->device->ipv4, ip, sizeof(ip));
     memset(&cp, 0, sizeof(cp));
     cp.bind_ip = ip;
+    cp.bind_netdev = module->device->netdev;
     cp.id = me;
     cp.id_len = sizeof(*me);
     cp.secret = c->cm_secret;

@@ -39,77 +39,6 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_modu
     return ep;
 }
 
-/* The peer's device across a cable from this host's device d: one peer
- * device on d's subnet, and no other device of this host on that subnet;
- * else -1 (none) or TB_MODEX_AMBIGUOUS (the subnet names no single cable). */
-static int cable_from(const tb_device_t *d, const tb_wire_modex_t *mx)
-{
-    int dev = tb_modex_find_cable(mx, d->ipv4.s_addr, d->netmask.s_addr);
-
-    if (dev >= 0
-        && tb_device_list_count_subnet(&mca_btl_tbrdma_component.devices, mx->devices[dev].ipv4)
-               > 1) {
-        return TB_MODEX_AMBIGUOUS;
-    }
-    return dev;
-}
-
-/* The peer's device at the far end of one of this host's cables, and this
- * end's (*device): the module's own cable, or for the host module the first
- * cable that leads to the peer.  A rank of this host (host module only) has
- * the same devices: its first one, on this host's first.  -1: none;
- * TB_MODEX_AMBIGUOUS: only cables that cannot be told apart (*device is
- * one of them). */
-static int find_peer_device(const mca_btl_tbrdma_module_t *module, opal_proc_t *proc,
-                            const tb_wire_modex_t *mx, tb_device_t **device)
-{
-    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    bool local = OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags);
-    int dev = -1;
-
-    if (!module->host) {
-        *device = module->device;
-        return local ? -1 : cable_from(module->device, mx);
-    }
-    for (int i = 0; i < c->devices.count; ++i) {
-        tb_device_t *d = &c->devices.devices[i];
-        int found = local ? tb_modex_find_device(mx, d->ipv4.s_addr) : cable_from(d, mx);
-
-        if (found >= 0 || (TB_MODEX_AMBIGUOUS == found && dev < 0)) {
-            dev = found;
-            *device = d;
-        }
-        if (found >= 0) {
-            break;
-        }
-    }
-    return dev;
-}
-
-/* Said once per host (by its first process): which ports share a subnet
- * with the peer's, since a wrong guess dials a peer over a cable that does
- * not reach it. */
-static void report_ambiguous(const tb_device_t *device, opal_proc_t *proc)
-{
-    static bool said;
-    char addr[INET_ADDRSTRLEN] = "?";
-    int bits = 0;
-
-    BTL_TBRDMA_VERBOSE(10, "%s: cannot tell which cable reaches %s", device->name,
-                       opal_get_proc_hostname(proc));
-    if (said || opal_process_info.my_local_rank > 0) {
-        return;
-    }
-    said = true;
-    inet_ntop(AF_INET, &device->ipv4, addr, sizeof(addr));
-    for (uint32_t m = ntohl(device->netmask.s_addr); m & 0x80000000u; m <<= 1) {
-        ++bits;
-    }
-    mca_btl_tbrdma_show_help("ambiguous cable", opal_process_info.nodename,
-                             opal_get_proc_hostname(proc), device->name,
-                             device->netdev[0] ? device->netdev : "?", addr, bits);
-}
-
 mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_module_t *module,
                                                             opal_proc_t *proc)
 {
@@ -141,13 +70,10 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
             free(mx);
             return NULL;
         }
-        dev = find_peer_device(module, proc, mx, &device);
+        dev = mca_btl_tbrdma_cable_find(module, proc, mx, &device);
     } else {
         opal_output(0, "btl:tbrdma on %s: ignoring the tbrdma entry of %s: %s",
                     opal_process_info.nodename, opal_get_proc_hostname(proc), why);
-    }
-    if (TB_MODEX_AMBIGUOUS == dev) {
-        report_ambiguous(device, proc);
     }
     if (dev < 0) {
         free(mx);
@@ -162,8 +88,12 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
                            module->host ? "host module, " : "", device->name,
                            (unsigned) proc->proc_name.vpid);
     } else if (ep) {
-        BTL_TBRDMA_VERBOSE(20, "%s%s reaches %s through %s", module->host ? "host module, " : "",
-                           device->name, opal_get_proc_hostname(proc),
+        char ip[INET_ADDRSTRLEN];
+
+        inet_ntop(AF_INET, &mx->devices[dev].ipv4, ip, sizeof(ip));
+        BTL_TBRDMA_VERBOSE(20, "%s%s on %s reaches %s at %s through %s",
+                           module->host ? "host module, " : "", device->name,
+                           opal_process_info.nodename, opal_get_proc_hostname(proc), ip,
                            c->use_engine ? "the host engine" : "its own queue pairs");
     }
     free(mx);
@@ -183,6 +113,7 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     if (c->use_engine && !c->engine_key_sent) {
         (void) mca_btl_tbrdma_engine_send_job_key();
     }
+    mca_btl_tbrdma_cable_probe_procs(procs, nprocs);
     for (i = 0; i < nprocs; ++i) {
         peers[i] = NULL;
         /* This process and this host's other ranks, for osc/rdma, which

@@ -60,6 +60,7 @@ int tb_eng_devices_open(tb_engine_t *e, char *why, size_t whylen)
         inet_ntop(AF_INET, &dev->ipv4, ip, sizeof(ip));
         memset(&cp, 0, sizeof(cp));
         cp.bind_ip = ip;
+        cp.bind_netdev = dev->netdev;
         cp.id = e->id;
         cp.id_len = sizeof(e->id);
         cp.pairwise = true; /* tb_eng_cm_peer_secret */
