@@ -46,13 +46,46 @@ int tb_sock_bind_netdev(int fd, const char *netdev)
 #endif
 }
 
+int tb_sock_dial_from(const char *netdev, uint32_t src_ipv4)
+{
+    struct sockaddr_in sin;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
+
+    if (fd < 0 || !netdev || !netdev[0]) {
+        return fd;
+    }
+    rc = tb_sock_bind_netdev(fd, netdev);
+    if (rc != 0) {
+        errno = -rc;
+        goto fail;
+    }
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = src_ipv4;
+    if (bind(fd, (struct sockaddr *) &sin, sizeof(sin)) != 0) {
+        goto fail;
+    }
+    return fd;
+
+fail:
+    rc = errno;
+    close(fd);
+    errno = rc;
+    return -1;
+}
+
 /* A non-blocking socket bound to p's interface and source, connecting. */
 static int probe_start(tb_cable_probe_t *p)
 {
     struct sockaddr_in sin;
-    int fd, rc;
+    int fd;
 
-    fd = socket(AF_INET, SOCK_STREAM, 0);
+    /* Unbound, a connect proves nothing about the cable. */
+    if (!p->netdev || !p->netdev[0]) {
+        p->err = EINVAL;
+        return -1;
+    }
+    fd = tb_sock_dial_from(p->netdev, p->src_ipv4);
     if (fd < 0) {
         p->err = errno;
         return -1;
@@ -60,20 +93,11 @@ static int probe_start(tb_cable_probe_t *p)
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK) < 0
         || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
         p->err = errno;
-        goto fail;
-    }
-    rc = tb_sock_bind_netdev(fd, p->netdev);
-    if (rc != 0) {
-        p->err = -rc;
-        goto fail;
+        close(fd);
+        return -1;
     }
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = p->src_ipv4;
-    if (bind(fd, (struct sockaddr *) &sin, sizeof(sin)) != 0) {
-        p->err = errno;
-        goto fail;
-    }
     sin.sin_addr.s_addr = p->dst_ipv4;
     sin.sin_port = htons(p->dst_port);
     if (connect(fd, (struct sockaddr *) &sin, sizeof(sin)) == 0) {
@@ -88,10 +112,6 @@ static int probe_start(tb_cable_probe_t *p)
         return -1;
     }
     return fd;
-
-fail:
-    close(fd);
-    return -1;
 }
 
 void tb_cable_probe_run(tb_cable_probe_t *probes, size_t n, uint64_t timeout_ns)

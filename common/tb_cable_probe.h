@@ -24,6 +24,11 @@
  * has no such option). */
 int tb_sock_bind_netdev(int fd, const char *netdev);
 
+/* A TCP socket for dialling from the interface netdev with the source
+ * src_ipv4 (network byte order); plain when netdev is NULL or "".  The
+ * caller sets its flags.  The descriptor, or -1 with errno set. */
+int tb_sock_dial_from(const char *netdev, uint32_t src_ipv4);
+
 enum {
     TB_PROBE_UNKNOWN = -1, /* could not try (a socket call failed): cannot tell */
     TB_PROBE_NO = 0,       /* refused, unreachable, or no answer before the deadline */

@@ -102,35 +102,15 @@ void cm_mac_compute(const cm_sess_t *s, const char *label, const void *extra,
 
 int cm_socket_out(const tb_cm_t *cm)
 {
-    struct sockaddr_in sin;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
+    int fd = tb_sock_dial_from(cm->netdev, cm->src.s_addr), err;
 
-    if (fd < 0) {
+    if (fd >= 0 && cm_set_nonblocking(fd) != 0) {
+        err = errno;
+        close(fd);
+        errno = err;
         return -1;
     }
-    if (cm_set_nonblocking(fd) != 0) {
-        goto fail;
-    }
-    if (cm->netdev[0]) {
-        rc = tb_sock_bind_netdev(fd, cm->netdev);
-        if (rc != 0) {
-            errno = -rc;
-            goto fail;
-        }
-        memset(&sin, 0, sizeof(sin));
-        sin.sin_family = AF_INET;
-        sin.sin_addr = cm->src;
-        if (bind(fd, (struct sockaddr *) &sin, sizeof(sin)) != 0) {
-            goto fail;
-        }
-    }
     return fd;
-
-fail:
-    rc = errno;
-    close(fd);
-    errno = rc;
-    return -1;
 }
 
 int cm_set_nonblocking(int fd)
