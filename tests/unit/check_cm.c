@@ -152,6 +152,15 @@ static void side_init(side_t *s, const char *id, uint64_t accept_epoch, uint64_t
     side_init_full(s, id, accept_epoch, timeout_ms, 0);
 }
 
+/* a asks b ("rank-1") for a connection, offering a blob of epoch in *la. */
+static void request(side_t *a, side_t *b, tb_wire_addr_t *la, uint64_t epoch)
+{
+    blob(la, epoch);
+    ck_assert_int_eq(tb_cm_connect(a->cm, "127.0.0.1", tb_cm_port(b->cm), "rank-1", 6, la, a,
+                                   now_ns()),
+                     TB_CM_OK);
+}
+
 /* Progress both until each has its expected number of done callbacks or
  * the wall-clock limit passes. */
 static void run(side_t *a, side_t *b, unsigned want_a, unsigned want_b, uint64_t limit_ms)
@@ -322,10 +331,7 @@ START_TEST(test_exchange)
 
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-1", 0xb0, 2000);
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 1, 3000);
     ck_assert_uint_eq(a.dones, 1);
     ck_assert_int_eq(a.done_status, TB_CM_OK);
@@ -353,10 +359,7 @@ START_TEST(test_sleeping_owners)
 
     side_init(&a, "rank-0", 0xa0, 4000);
     side_init(&b, "rank-1", 0xb0, 4000);
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     while ((a.dones < 1 || b.dones < 1) && now_ns() < end) {
         struct pollfd fds[32];
         uint64_t wake = UINT64_MAX, now;
@@ -398,10 +401,7 @@ START_TEST(test_collision_leftover)
 
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-1", 0xb0, 2000);
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 1, 3000);
     ck_assert_int_eq(a.done_status, TB_CM_OK);
     ck_assert_int_eq(raw_exchange(&a, "rank-1", 0xb0, NULL), TB_CM_R_COLLISION);
@@ -492,10 +492,7 @@ START_TEST(test_refused)
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-1", 0xb0, 2000);
     b.refuse = 1;
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 0, 3000);
     ck_assert_uint_eq(a.dones, 1);
     ck_assert_int_eq(a.done_status, TB_CM_EREFUSED);
@@ -515,10 +512,7 @@ START_TEST(test_wrong_peer)
 
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-7", 0xb0, 2000);
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 0, 3000);
     ck_assert_uint_eq(a.dones, 1);
     ck_assert_msg(a.done_status == TB_CM_ECLOSED, "status %d: %s", a.done_status, a.why);
@@ -620,10 +614,7 @@ START_TEST(test_bound_to_interface)
     ck_assert_uint_eq(tb_cm_counters(b.cm)->refused_unauth, 0);
     ck_assert_msg(logged[0] == '\0', "logged: %s", logged);
 
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 1, 3000);
     ck_assert_int_eq(a.done_status, TB_CM_OK);
     ck_assert_int_eq(b.done_status, TB_CM_OK);
@@ -826,10 +817,7 @@ START_TEST(test_forged_identity)
     ck_assert_uint_eq(b.accepts, 0);
     ck_assert_uint_eq(tb_cm_counters(b.cm)->refused_unauth, 2);
     ck_assert_ptr_nonnull(strstr(logged, "refused an unauthenticated connection request"));
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 1, 3000);
     ck_assert_int_eq(a.done_status, TB_CM_OK);
     ck_assert_int_eq(memcmp(&b.done_peer, &la, sizeof(la)), 0);
@@ -880,10 +868,7 @@ START_TEST(test_idle_flood)
         fds[i] = raw_connect(tb_cm_port(b.cm));
         spin(&b, 1);
     }
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     run(&a, &b, 1, 1, 3000);
     ck_assert_msg(a.done_status == TB_CM_OK, "status %d: %s", a.done_status, a.why);
     ck_assert_uint_eq(b.accepts, 1);
@@ -904,10 +889,7 @@ START_TEST(test_cancel_and_destroy)
 
     side_init(&a, "rank-0", 0xa0, 2000);
     side_init(&b, "rank-1", 0xb0, 2000);
-    blob(&la, 0xa1);
-    ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la, &a,
-                                   now_ns()),
-                     TB_CM_OK);
+    request(&a, &b, &la, 0xa1);
     ck_assert_int_eq(tb_cm_connect(a.cm, "127.0.0.1", tb_cm_port(b.cm), "rank-1", 6, &la,
                                    &other, now_ns()),
                      TB_CM_OK);
