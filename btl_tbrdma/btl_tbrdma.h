@@ -86,6 +86,9 @@ struct mca_btl_base_endpoint_t {
     uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
     uint32_t peer_pid; /* the peer as its engine sees it (its modex entry) */
     bool loop; /* this process itself (btl_tbrdma_loop.c) */
+    unsigned rma_split; /* its puts and gets split over several cables, not all answered
+                         * (btl_tbrdma_stripe.c): a flush waits for them too */
+    bool split_said;    /* the split was logged */
     bool away_failed; /* failed while the keeper ran: ob1 is told at the next progress */
     char away_why[256];
 };
@@ -205,6 +208,10 @@ enum {
 #define TBRDMA_MAX_MSG (TBRDMA_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE)
 /* Through the engine a message is at most TB_ENGINE_MAX_MSG bytes. */
 #define TBRDMA_ENGINE_RMA_LIMIT (512u << 10)
+/* A put or get this large or larger is split over every cable to its peer,
+ * at most this many (btl_tbrdma_stripe.c). */
+#define TBRDMA_STRIPE_MIN (256u << 10)
+#define TBRDMA_STRIPE_MAX_CABLES 8u
 _Static_assert(TBRDMA_ENGINE_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE <= TB_ENGINE_MAX_MSG,
                "a put through the engine fits one message");
 
@@ -350,6 +357,22 @@ int mca_btl_tbrdma_atomic_cswap(mca_btl_base_module_t *btl, mca_btl_base_endpoin
                                 uint64_t compare, uint64_t value, int flags, int order,
                                 mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                                 void *cbdata);
+/* A put (TB_TAG_RMA_PUT) or get (TB_TAG_RMA_GET_REQ) on endpoint alone; the
+ * caller holds the lock.  As put and get, but for OUT_OF_RESOURCE. */
+int mca_btl_tbrdma_rma_start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
+                             uint64_t remote_address,
+                             mca_btl_base_registration_handle_t *local_handle,
+                             mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                             mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                             void *cbdata);
+/* The same, split over every cable that reaches the peer when it is large
+ * (btl_tbrdma_stripe.c); takes the lock. */
+int mca_btl_tbrdma_rma_striped(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
+                               uint64_t remote_address,
+                               mca_btl_base_registration_handle_t *local_handle,
+                               mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                               mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                               void *cbdata);
 /* Send the requests that waited for room, in order, as far as the path takes
  * them (from progress, while any waits: mca_btl_tbrdma_component.rma_unsent). */
 void mca_btl_tbrdma_rma_post_unsent(mca_btl_base_endpoint_t *endpoint);

@@ -35,6 +35,8 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
     memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
     ep->peer_pid = 0;
     ep->loop = false;
+    ep->rma_split = 0;
+    ep->split_said = false;
     ep->away_failed = false;
     ep->away_why[0] = '\0';
 }

@@ -376,7 +376,8 @@ static int tbrdma_flush(struct mca_btl_base_module_t *btl, struct mca_btl_base_e
         busy = false;
         mca_btl_tbrdma_lock();
         OPAL_LIST_FOREACH (ep, &module->endpoints, mca_btl_base_endpoint_t) {
-            if ((NULL == endpoint || ep == endpoint) && !opal_list_is_empty(&ep->rma_pending)) {
+            if ((NULL == endpoint || ep == endpoint)
+                && (!opal_list_is_empty(&ep->rma_pending) || 0 != ep->rma_split)) {
                 busy = true;
             }
         }

@@ -285,6 +285,17 @@ static int start_locked(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *lo
     return rc;
 }
 
+int mca_btl_tbrdma_rma_start(mca_btl_base_endpoint_t *endpoint, uint8_t tag, void *local_address,
+                             uint64_t remote_address,
+                             mca_btl_base_registration_handle_t *local_handle,
+                             mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                             mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
+                             void *cbdata)
+{
+    return start(endpoint, tag, local_address, remote_address, local_handle, remote_handle, size,
+                 NULL, cbfunc, cbcontext, cbdata);
+}
+
 int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endpoint,
                        void *local_address, uint64_t remote_address,
                        mca_btl_base_registration_handle_t *local_handle,
@@ -292,8 +303,9 @@ int mca_btl_tbrdma_put(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                        void *cbdata)
 {
-    int rc = start_locked(endpoint, TB_TAG_RMA_PUT, local_address, remote_address, local_handle,
-                          remote_handle, size, NULL, cbfunc, cbcontext, cbdata);
+    int rc = mca_btl_tbrdma_rma_striped(endpoint, TB_TAG_RMA_PUT, local_address, remote_address,
+                                        local_handle, remote_handle, size, cbfunc, cbcontext,
+                                        cbdata);
 
     /* ob1 (5.0.7) both queues a put fragment for retry and frees it when put
      * reports OUT_OF_RESOURCE (here only out of memory); any other error
@@ -308,8 +320,9 @@ int mca_btl_tbrdma_get(mca_btl_base_module_t *btl, mca_btl_base_endpoint_t *endp
                        int order, mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                        void *cbdata)
 {
-    return start_locked(endpoint, TB_TAG_RMA_GET_REQ, local_address, remote_address, local_handle,
-                        remote_handle, size, NULL, cbfunc, cbcontext, cbdata);
+    return mca_btl_tbrdma_rma_striped(endpoint, TB_TAG_RMA_GET_REQ, local_address, remote_address,
+                                      local_handle, remote_handle, size, cbfunc, cbcontext,
+                                      cbdata);
 }
 
 /* Open MPI's atomic operation, as the wire names it; 0 if there is none. */
