@@ -171,6 +171,7 @@ typedef struct mca_btl_tbrdma_component_t {
     uint32_t engine_credit_window;
     uint32_t engine_spin_us;
     uint32_t engine_yield;
+    uint32_t stripe_min; /* btl_tbrdma_stripe_min (btl_tbrdma_stripe.c) */
     unsigned idle_polls; /* progress calls in a row that found nothing */
     int engine_events;
     int engine_verbose;
@@ -209,7 +210,7 @@ enum {
 /* Through the engine a message is at most TB_ENGINE_MAX_MSG bytes. */
 #define TBRDMA_ENGINE_RMA_LIMIT (512u << 10)
 /* A put or get this large or larger is split over every cable to its peer,
- * at most this many (btl_tbrdma_stripe.c). */
+ * at most this many (btl_tbrdma_stripe.c): btl_tbrdma_stripe_min's default. */
 #define TBRDMA_STRIPE_MIN (256u << 10)
 #define TBRDMA_STRIPE_MAX_CABLES 8u
 _Static_assert(TBRDMA_ENGINE_RMA_LIMIT + TB_WIRE_RMA_HDR_SIZE <= TB_ENGINE_MAX_MSG,

@@ -202,6 +202,12 @@ static int tbrdma_component_register(void)
                   "idle pass of its spin; 0: never.  Where every core runs a rank that spins, "
                   "the engine gets a CPU only when a rank yields one",
                   OPAL_INFO_LVL_5, &c->engine_yield);
+    c->stripe_min = TBRDMA_STRIPE_MIN;
+    register_uint("stripe_min",
+                  "Bytes from which a put or get (ob1's rendezvous of a large message, "
+                  "one-sided) is split into one part per cable that reaches its peer; smaller "
+                  "ones keep one cable's latency; 0: never split",
+                  OPAL_INFO_LVL_5, &c->stripe_min);
     c->engine_events = 1;
     register_int("engine_events",
                  "1 (default): the host engine sleeps on the devices' completion events where "

@@ -4,10 +4,10 @@
  * ob1 moves a large message with gets on the one module its rendezvous
  * came on, and osc/rdma puts and gets on the module it picked: either way
  * one cable, however many join the two hosts.  Where several cables reach
- * the peer, a put or get of TBRDMA_STRIPE_MIN bytes or more is cut into one
- * part per cable, each a request of its own on that cable's endpoint (the
- * peer's registration belongs to its process, so its key is good on every
- * cable).  The caller hears once, when every part is answered, with the
+ * the peer, a put or get of btl_tbrdma_stripe_min bytes or more is cut into
+ * one part per cable (of a page at least), each a request of its own on that
+ * cable's endpoint (the peer's registration belongs to its process, so its
+ * key is good on every cable).  The caller hears once, when every part is answered, with the
  * first error any part had.  Smaller ones stay on their cable: the latency
  * of a small message is one cable's, and a part's fixed cost would outweigh
  * the bandwidth a second cable adds.
@@ -17,6 +17,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* The smallest part. */
+#define TBRDMA_STRIPE_PAGE 4096u
 
 typedef struct tbrdma_split {
     mca_btl_base_endpoint_t *origin; /* the endpoint the caller named (retained) */
@@ -101,8 +104,8 @@ static void say_split(mca_btl_base_endpoint_t *origin, mca_btl_base_endpoint_t *
         at += w > 0 ? (size_t) w : 0;
     }
     BTL_TBRDMA_VERBOSE(
-        20, "%sputs and gets of %u KiB or more to %s on %s are split over %u cables: %s",
-        origin->module->host ? "host module, " : "", TBRDMA_STRIPE_MIN >> 10,
+        20, "%sputs and gets of %u bytes or more to %s on %s are split over %u cables: %s",
+        origin->module->host ? "host module, " : "", mca_btl_tbrdma_component.stripe_min,
         OPAL_NAME_PRINT(origin->name), opal_get_proc_hostname(origin->proc), n, list);
 }
 
@@ -113,15 +116,17 @@ int mca_btl_tbrdma_rma_striped(mca_btl_base_endpoint_t *endpoint, uint8_t tag, v
                                mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext,
                                void *cbdata)
 {
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
     mca_btl_base_endpoint_t *eps[TBRDMA_STRIPE_MAX_CABLES];
     tbrdma_split_t *s;
     unsigned n = 1;
     int rc;
 
     mca_btl_tbrdma_lock();
-    if (size >= TBRDMA_STRIPE_MIN && !endpoint->loop && NULL != remote_handle &&
-        TBRDMA_EP_FAILED != endpoint->state) {
+    if (0 != c->stripe_min && size >= c->stripe_min && size >= 2 * TBRDMA_STRIPE_PAGE &&
+        !endpoint->loop && NULL != remote_handle && TBRDMA_EP_FAILED != endpoint->state) {
         n = cables_to(endpoint, eps, TBRDMA_STRIPE_MAX_CABLES);
+        n = n < size / TBRDMA_STRIPE_PAGE ? n : (unsigned) (size / TBRDMA_STRIPE_PAGE);
     }
     if (1 == n || NULL == (s = malloc(sizeof(*s)))) {
         rc = mca_btl_tbrdma_rma_start(endpoint, tag, local_address, remote_address, local_handle,
