@@ -180,8 +180,9 @@ static int ranks_progress(tb_engine_t *e)
         case ENG_RANK_DEAD:
         case ENG_RANK_NODEV:
             /* Free once the socket is closed and the channels hold no
-             * reference to its ring. */
-            if (r->fd < 0 && 0 == r->txq_len) {
+             * reference to its rings (sends from one, a message being
+             * written into the other). */
+            if (r->fd < 0 && 0 == r->txq_len && NULL == r->placing) {
                 tb_eng_rank_free(r);
                 ++n;
             }

@@ -147,6 +147,10 @@ struct eng_rank {
     bool bye;      /* its BYE record was read */
     bool leaving;  /* it said on its socket that it finalizes */
     bool blocked;  /* its ring waits for credit, room or the channel */
+    /* The peer whose channel writes a message into a record reserved in rx
+     * (tb_engine_place.c): till it is whole, other records wait in the
+     * overflow, and the rank is not freed. */
+    eng_peer_t *placing;
 };
 
 /* Credit toward one rank behind a peer engine.  An engine serves at most
@@ -296,6 +300,9 @@ static inline void tb_eng_msg_append(eng_msg_t **head, eng_msg_t **tail, eng_msg
     *tail = m;
 }
 void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end);
+/* A RECV of len payload bytes from peer link ends at the ring's head now:
+ * its credit goes back once the rank has read it. */
+void tb_eng_rank_received(eng_rank_t *r, uint16_t link, size_t len);
 void tb_eng_tx_done(eng_txrec_t *t);
 
 /* tb_engine_attach.c: ranks attaching, leaving, dying. */
@@ -332,6 +339,17 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why);
 /* A message from the peer engine (its channel's receive callback; tests and
  * the fuzz target call it straight). */
 void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len);
+/* tb_engine_place.c: a message of more than one frame written by the channel
+ * straight into the destination's ring (its recv_place and recv_placed;
+ * tests call them straight).  place: where its bytes from *skip on go, or
+ * NULL for the ordinary path (tb_eng_peer_recv). */
+void *tb_eng_peer_recv_place(eng_peer_t *p, uint8_t tag, size_t len, const void *head,
+                             size_t head_len, size_t *skip);
+void tb_eng_peer_recv_placed(eng_peer_t *p, uint8_t tag, const void *head, size_t skip,
+                             size_t len);
+/* p's channel goes: what it was writing into rings is forgotten.  Call before
+ * destroying the channel, never while it may still write. */
+void tb_eng_place_release(eng_peer_t *p);
 /* The loop's longest phases, to the log (after a fault). */
 void tb_eng_log_loop(const tb_engine_t *e);
 /* Each connected channel's state, to the log (after a fault). */

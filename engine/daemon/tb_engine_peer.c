@@ -21,6 +21,9 @@
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len);
 static void chan_send_done(void *ctx, void *cookie, int status);
 static void chan_error(void *ctx, int status, const char *why);
+static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
+                             size_t head_len, size_t *skip);
+static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len);
 static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder);
 
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add)
@@ -192,8 +195,12 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
 
 int tb_eng_peer_make_conn(eng_peer_t *p)
 {
-    tb_channel_callbacks_t cb = {
-        .ctx = p, .recv = chan_recv, .send_done = chan_send_done, .error = chan_error};
+    tb_channel_callbacks_t cb = {.ctx = p,
+                                 .recv = chan_recv,
+                                 .recv_place = chan_recv_place,
+                                 .recv_placed = chan_recv_placed,
+                                 .send_done = chan_send_done,
+                                 .error = chan_error};
     tb_channel_params_t params;
     int rc;
 
@@ -654,6 +661,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
         if (p->destroy) {
             /* Outside the channel's callbacks: the channel may go now. */
             p->destroy = false;
+            tb_eng_place_release(p);
             tb_conn_destroy(p->conn);
             p->conn = NULL;
             ++n;
@@ -781,6 +789,17 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     }
 }
 
+static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
+                             size_t head_len, size_t *skip)
+{
+    return tb_eng_peer_recv_place(ctx, tag, len, head, head_len, skip);
+}
+
+static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len)
+{
+    tb_eng_peer_recv_placed(ctx, tag, head, skip, len);
+}
+
 static void chan_send_done(void *ctx, void *cookie, int status)
 {
     int kind = *(int *) cookie;
@@ -880,6 +899,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
         if (p->conn) {
+            tb_eng_place_release(p);
             tb_conn_destroy(p->conn);
         }
         drop_waiting(p, NULL, 0);

@@ -82,7 +82,7 @@ int tb_eng_rank_flush_overflow(eng_rank_t *r)
 {
     int n = 0;
 
-    while (r->ovf_head) {
+    while (r->ovf_head && NULL == r->placing) {
         eng_msg_t *m = r->ovf_head;
         if (!rx_write(r, m->type, m->tag, m->link, m->vpid, m->pid, m->data, m->len, NULL, 0)) {
             break;
@@ -110,13 +110,15 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
     if (ENG_RANK_ATTACHED != r->state) {
         return;
     }
-    if (NULL == r->ovf_head && rx_write(r, type, tag, link, vpid, pid, a, alen, b, blen)) {
+    if (NULL == r->ovf_head && NULL == r->placing
+        && rx_write(r, type, tag, link, vpid, pid, a, alen, b, blen)) {
         if (0 != rxq_push(r, type, link, (uint32_t) (alen + blen))) {
             tb_eng_rank_fail(r, "out of memory");
         }
         return;
     }
-    /* The ring is full: hold it in order.  Data is bounded by the credit
+    /* The ring is full (or a peer's message is being written into it): hold
+     * it in order.  Data is bounded by the credit
      * window per peer, and by held_max from this host's ranks (both count
      * what a message costs, not only its payload); notices by the number of
      * peers and ranks, and those a rank's own sends cause (a pid that is
@@ -129,6 +131,13 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
     m->pid = pid;
     tb_eng_msg_append(&r->ovf_head, &r->ovf_tail, m);
     r->ovf_bytes += ENG_MSG_COST(m->len);
+}
+
+void tb_eng_rank_received(eng_rank_t *r, uint16_t link, size_t len)
+{
+    if (0 != rxq_push(r, TB_EREC_RECV, link, (uint32_t) len)) {
+        tb_eng_rank_fail(r, "out of memory");
+    }
 }
 
 void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p)

@@ -2,8 +2,10 @@
  * Fuzz target: the host engine driven by hostile ranks and peer engines, on
  * an engine assembled in memory (engine_harness.h).  Each step is one of:
  * a rank writes a record (SEND, ROUTE, BYE, or an unknown type) into its
- * ring, a peer engine sends a message (any tag, header and payload), a rank
- * reads what the engine wrote it, or the engine makes a pass.  After every
+ * ring, a peer engine sends a message (any tag, header and payload), a peer
+ * engine's message is placed in a rank's ring as its channel would (begun,
+ * another peer's message meanwhile, then finished or its channel gone), a
+ * rank reads what the engine wrote it, or the engine makes a pass.  After every
  * step the bounds on what the engine holds are checked (eh_check): the
  * sanitizers find memory faults, the check finds memory that grows.
  *
@@ -55,11 +57,11 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
     (void) eh_rank_write(h, i, type, tag, link, vpid, right_pid, buf, len);
 }
 
-static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
+/* A peer's message as it comes off a cable: tag, then header and payload in
+ * buf; its length. */
+static size_t peer_message(fuzz_in_t *in, uint8_t *tag_out, uint8_t *buf)
 {
-    eng_peer_t *p = eh_peer(h, 1 + fuzz_u8(in) % PEERS);
     uint8_t tag = fuzz_u8(in) % 5;
-    uint8_t buf[sizeof(tb_wire_emsg_t) + 512];
     tb_wire_emsg_t m;
     size_t len = fuzz_u16(in) % 512;
 
@@ -78,8 +80,50 @@ static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
     memcpy(buf, &m, sizeof(m));
     len = TB_ETAG_CREDIT == tag ? 0 : len;
     (void) fuzz_bytes(in, buf + sizeof(m), len);
+    *tag_out = tag;
+    return sizeof(m) + len;
+}
+
+static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
+{
+    eng_peer_t *p = eh_peer(h, 1 + fuzz_u8(in) % PEERS);
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag;
+    size_t len = peer_message(in, &tag, buf);
+
     if (ENG_PEER_CONNECTED == p->state) {
-        tb_eng_peer_recv(p, tag, buf, sizeof(m) + len);
+        tb_eng_peer_recv(p, tag, buf, len);
+    }
+}
+
+static void peer_places(eng_harness_t *h, fuzz_in_t *in)
+{
+    unsigned n = fuzz_u8(in) % PEERS;
+    eng_peer_t *p = eh_peer(h, 1 + n), *other = eh_peer(h, 1 + (n + 1) % PEERS);
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag, *at;
+    size_t len = peer_message(in, &tag, buf), skip = 0;
+    uint8_t head[TB_CHAN_PLACE_HEAD];
+    size_t head_len = len < sizeof(head) ? len : sizeof(head);
+
+    if (ENG_PEER_CONNECTED != p->state) {
+        return;
+    }
+    memcpy(head, buf, head_len);
+    at = tb_eng_peer_recv_place(p, tag, len, head, head_len, &skip);
+    if (NULL == at) {
+        tb_eng_peer_recv(p, tag, buf, len);
+        return;
+    }
+    FUZZ_ASSERT(skip <= head_len, "skip %zu beyond the head's %zu bytes", skip, head_len);
+    memcpy(at, buf + skip, len - skip);
+    if (ENG_PEER_CONNECTED == other->state && (fuzz_u8(in) & 1)) {
+        uint8_t obuf[sizeof(tb_wire_emsg_t) + 512], otag;
+        size_t olen = peer_message(in, &otag, obuf);
+        tb_eng_peer_recv(other, otag, obuf, olen);
+    }
+    if (fuzz_u8(in) & 3) {
+        tb_eng_peer_recv_placed(p, tag, head, skip, len);
+    } else {
+        tb_eng_place_release(p);
     }
 }
 
@@ -99,12 +143,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (unsigned step = 0; in.left > 0 && step < 2000; ++step) {
         uint8_t op = fuzz_u8(&in);
         unsigned n;
-        switch (op % 4) {
+        switch (op % 5) {
         case 0:
             rank_writes(&h, &in);
             break;
         case 1:
             peer_sends(&h, &in);
+            break;
+        case 4:
+            peer_places(&h, &in);
             break;
         case 2:
             n = fuzz_u8(&in);

@@ -309,6 +309,182 @@ START_TEST(local_refusal_kept)
 }
 END_TEST
 
+/* ---- messages placed straight into a rank's ring ---------------------------- */
+
+#define PLACED_LEN 10000u
+
+/* The header of a DATA message from rank src to rank 1, as a correct peer
+ * names them. */
+static tb_wire_emsg_t data_hdr(uint32_t src, uint32_t dst_pid)
+{
+    tb_wire_emsg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32(src);
+    m.dst = tb_wire_le32(1);
+    m.tag = 9;
+    m.src_pid = tb_wire_le32(EH_PID(src));
+    m.dst_pid = tb_wire_le32(dst_pid);
+    return m;
+}
+
+/* Begin placing a message of PLACED_LEN payload bytes from src to rank 1:
+ * where the channel would write them (NULL: the ordinary path). */
+static uint8_t *place_begin(eng_peer_t *p, uint32_t src, uint32_t dst_pid)
+{
+    tb_wire_emsg_t m = data_hdr(src, dst_pid);
+    uint8_t head[64] = {0};
+    size_t skip = 0;
+    uint8_t *at;
+
+    memcpy(head, &m, sizeof(m));
+    at = tb_eng_peer_recv_place(p, TB_ETAG_DATA, sizeof(m) + PLACED_LEN, head, sizeof(head),
+                                &skip);
+    if (at) {
+        ck_assert_uint_eq(skip, sizeof(m));
+    }
+    return at;
+}
+
+static void place_end(eng_peer_t *p, uint32_t src)
+{
+    tb_wire_emsg_t m = data_hdr(src, EH_PID(1));
+
+    tb_eng_peer_recv_placed(p, TB_ETAG_DATA, &m, sizeof(m), sizeof(m) + PLACED_LEN);
+}
+
+/* Rank 1's next RECV record (other records skipped): its source and length,
+ * its payload in out (up to cap bytes); false when there is none. */
+static bool next_recv(eng_harness_t *h, uint32_t *src, size_t *len, uint8_t *out, size_t cap)
+{
+    tb_wire_erec_t hdr;
+    uint64_t end;
+    const void *payload;
+
+    while (NULL != (payload = tb_shm_ring_next(&h->from_engine[1], &hdr, &end))) {
+        tb_shm_ring_release_to(&h->from_engine[1], end);
+        if (TB_EREC_RECV == hdr.type) {
+            *src = tb_wire_le32(hdr.vpid);
+            *len = tb_wire_le32(hdr.len);
+            memcpy(out, payload, *len < cap ? *len : cap);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A message of several frames goes into its record where the channel writes
+ * it (one copy), published once whole; what arrives for the rank meanwhile
+ * waits behind it, in order, and credit is counted as for a message handed
+ * over whole. */
+START_TEST(placed_in_ring)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h), *q = eh_peer(&h, 2);
+    static uint8_t got[PLACED_LEN];
+    uint8_t *at, small[5] = {1, 2, 3, 4, 5};
+    uint32_t src;
+    size_t len;
+
+    at = place_begin(p, 7, EH_PID(1));
+    ck_assert_ptr_nonnull(at);
+    for (unsigned i = 0; i < PLACED_LEN; ++i) {
+        at[i] = (uint8_t) (i * 7 + 3);
+    }
+    /* Another engine's message for rank 1 arrives meanwhile. */
+    peer_send(q, TB_ETAG_DATA, 8, 1, 0, small, sizeof(small));
+    eh_progress(&h);
+    ck_assert(!next_recv(&h, &src, &len, got, sizeof(got)));
+    place_end(p, 7);
+    ck_assert_ptr_null(h.e->ranks[1].placing);
+    eh_progress(&h);
+    ck_assert(next_recv(&h, &src, &len, got, sizeof(got)));
+    ck_assert_uint_eq(src, 7);
+    ck_assert_uint_eq(len, PLACED_LEN);
+    for (unsigned i = 0; i < PLACED_LEN; ++i) {
+        ck_assert_uint_eq(got[i], (uint8_t) (i * 7 + 3));
+    }
+    ck_assert(next_recv(&h, &src, &len, got, sizeof(got)));
+    ck_assert_uint_eq(src, 8);
+    ck_assert_uint_eq(len, sizeof(small));
+    ck_assert_uint_eq(p->delivered[1], tb_ecredit_cost(PLACED_LEN));
+    ck_assert_ptr_null(eh_check(&h));
+    eh_fini(&h);
+}
+END_TEST
+
+/* Only what would be delivered as it is is placed: no second placement into
+ * one ring, no process other than the one the sender named, no rank that is
+ * not here, nothing beyond the credit window, no other kind of message. */
+START_TEST(place_refused)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h), *q = eh_peer(&h, 2);
+    tb_wire_emsg_t m = data_hdr(7, EH_PID(1));
+    uint8_t head[64] = {0};
+    size_t skip = 0;
+
+    ck_assert_ptr_null(place_begin(p, 7, EH_PID(1) + 5));
+    m.dst = tb_wire_le32(9999);
+    memcpy(head, &m, sizeof(m));
+    ck_assert_ptr_null(tb_eng_peer_recv_place(p, TB_ETAG_DATA, sizeof(m) + PLACED_LEN, head,
+                                              sizeof(head), &skip));
+    m = data_hdr(7, EH_PID(1));
+    memcpy(head, &m, sizeof(m));
+    ck_assert_ptr_null(tb_eng_peer_recv_place(p, TB_ETAG_GONE, sizeof(m) + PLACED_LEN, head,
+                                              sizeof(head), &skip));
+    ck_assert_ptr_null(tb_eng_peer_recv_place(p, TB_ETAG_DATA, sizeof(m) + PLACED_LEN, head,
+                                              sizeof(m) - 1, &skip));
+    p->delivered[1] = h.e->p.credit_window;
+    ck_assert_ptr_null(place_begin(p, 7, EH_PID(1)));
+    p->delivered[1] = 0;
+    ck_assert_ptr_nonnull(place_begin(p, 7, EH_PID(1)));
+    ck_assert_ptr_null(place_begin(q, 8, EH_PID(1)));
+    place_end(p, 7);
+    ck_assert_ptr_nonnull(place_begin(q, 8, EH_PID(1)));
+    place_end(q, 8);
+    ck_assert_ptr_null(eh_check(&h));
+    eh_fini(&h);
+}
+END_TEST
+
+/* A peer's channel that goes mid-message leaves nothing of it in the ring,
+ * which then takes what waited and what comes; a rank gone mid-message gets
+ * nothing of it either. */
+START_TEST(placed_released)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h), *q = eh_peer(&h, 2);
+    static uint8_t got[PLACED_LEN];
+    uint8_t small[3] = {9, 9, 9};
+    uint32_t src;
+    size_t len;
+
+    ck_assert_ptr_nonnull(place_begin(p, 7, EH_PID(1)));
+    peer_send(q, TB_ETAG_DATA, 8, 1, 0, small, sizeof(small));
+    tb_eng_place_release(p);
+    ck_assert_ptr_null(h.e->ranks[1].placing);
+    place_end(p, 7); /* a late completion finds no placement */
+    eh_progress(&h);
+    ck_assert(next_recv(&h, &src, &len, got, sizeof(got)));
+    ck_assert_uint_eq(src, 8);
+    ck_assert(!next_recv(&h, &src, &len, got, sizeof(got)));
+    peer_send(p, TB_ETAG_DATA, 7, 1, 0, small, sizeof(small));
+    eh_progress(&h);
+    ck_assert(next_recv(&h, &src, &len, got, sizeof(got)));
+    ck_assert_uint_eq(src, 7);
+
+    ck_assert_ptr_nonnull(place_begin(p, 7, EH_PID(1)));
+    h.e->ranks[1].state = ENG_RANK_DEAD;
+    place_end(p, 7);
+    ck_assert_ptr_null(h.e->ranks[1].placing);
+    ck_assert_uint_eq(h.e->ranks[1].rx.pending, 0);
+    h.e->ranks[1].state = ENG_RANK_ATTACHED;
+    ck_assert(!next_recv(&h, &src, &len, got, sizeof(got)));
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -325,6 +501,9 @@ int main(void)
     tcase_add_test(tc, local_refusal_kept);
     tcase_add_test(tc, peer_empty_data_bounded);
     tcase_add_test(tc, peer_data_with_reader);
+    tcase_add_test(tc, placed_in_ring);
+    tcase_add_test(tc, place_refused);
+    tcase_add_test(tc, placed_released);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
