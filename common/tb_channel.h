@@ -173,6 +173,9 @@ typedef struct tb_channel_counters {
     uint64_t msgs_received;    /* messages delivered */
     uint64_t bytes_sent;
     uint64_t bytes_received;
+    uint64_t bytes_assembled;  /* of messages of several frames, copied from the receive slots
+                                * into memory of the channel's own or recv_buf's */
+    uint64_t bytes_placed;     /* the same, copied straight to where recv_place said */
     uint64_t rtt_samples;      /* round trips measured (Karn's rule: see tb_channel.c) */
     /* Gauges, per lane: the smoothed round trip (0 before the first sample)
      * and the current retransmit timeout. */

@@ -233,6 +233,7 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         m->lane = (uint8_t) lane;
         if (m->data) {
             memcpy(m->data, payload, plen);
+            ch->cnt.bytes_assembled += plen;
             rx_wait(r, m);
             return 0;
         }
@@ -259,8 +260,10 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
         if (plen > in_head) { /* then off + in_head >= skip: skip <= the first fragment */
             memcpy(m->data + (off + in_head - m->skip), payload + in_head, plen - in_head);
         }
+        ch->cnt.bytes_placed += plen;
     } else {
         memcpy(m->data + off, payload, plen);
+        ch->cnt.bytes_assembled += plen;
     }
     m->got += plen;
     if (m->got < m->len) {

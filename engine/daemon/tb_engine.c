@@ -514,6 +514,14 @@ void tb_engine_destroy(tb_engine_t *e)
     }
     tb_eng_cms_close(e);
     tb_eng_peers_destroy(e);
+    if (e->tx_bytes || e->rx_bytes) {
+        TB_INFO("data between this host's ranks and other engines: sent %.1f MiB, %.2f copies "
+                "per byte; received %.1f MiB, %.2f copies per byte",
+                (double) e->tx_bytes / 1048576.0,
+                e->tx_bytes ? (double) e->tx_copied / (double) e->tx_bytes : 0.0,
+                (double) e->rx_bytes / 1048576.0,
+                e->rx_bytes ? (double) e->rx_copied / (double) e->rx_bytes : 0.0);
+    }
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
         if (ENG_RANK_FREE != e->ranks[i].state) {
             tb_eng_rank_free(&e->ranks[i]);
@@ -537,7 +545,9 @@ void tb_engine_destroy(tb_engine_t *e)
         static const char *const files[] = {TB_ENGINE_KEY, TB_ENGINE_PIDFILE,
                                             /* kept after a fault: */ TB_ENGINE_LOCK,
                                             TB_ENGINE_LOG};
-        const size_t nfiles = e->faults ? 2 : sizeof(files) / sizeof(files[0]);
+        /* The log is kept too when the user asked for information in it. */
+        const bool keep = e->faults || tb_log_enabled(TB_LOG_INFO);
+        const size_t nfiles = keep ? 2 : sizeof(files) / sizeof(files[0]);
         const char *name = strrchr(e->p.dir, '/');
         int lock, parent;
         lock = openat(e->dirfd, TB_ENGINE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC);

@@ -289,9 +289,7 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
             TB_INFO("connection setup to engine %02x%02x%02x%02x failed (%s); trying again",
                     p->id[0], p->id[1], p->id[2], p->id[3], why);
             p->dial_tries++;
-            tb_eng_place_release(p);
-            tb_conn_destroy(p->conn);
-            p->conn = NULL;
+            tb_eng_peer_drop_conn(p);
             p->state = ENG_PEER_IDLE;
             p->redial_at = tb_now_ns() + (wait < 500000000ull ? wait : 500000000ull);
             return;

@@ -263,6 +263,12 @@ struct tb_engine {
                                * or one from a peer engine (rx_msgs); the
                                * channels' keepalives and acks are not traffic */
     uint64_t rx_msgs;         /* messages the channels delivered to the engine */
+    /* Payload bytes of messages between this host's ranks and peer engines,
+     * each way, and the bytes copied to move them (the engine's copies, and
+     * its channels' into their send slots or out of their receive slots;
+     * the receive side's from channels gone, tb_eng_peer_drop_conn): the
+     * copies per byte, logged at the end. */
+    uint64_t tx_bytes, tx_copied, rx_bytes, rx_copied;
     /* The longest each part of the loop took, and the longest gap between
      * two polls of the devices: a stalled link's report says whether the
      * engine itself stalled (tb_eng_log_loop). */
@@ -334,6 +340,8 @@ void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
 /* p's channel, made and ready for the connection manager's exchange (0), or
  * p failed (-1). */
 int tb_eng_peer_make_conn(eng_peer_t *p);
+/* Destroy p's channel (outside its callbacks), counting what it copied. */
+void tb_eng_peer_drop_conn(eng_peer_t *p);
 /* The channel to p is gone: every rank is told, what waited dropped. */
 void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why);
 /* A message from the peer engine (its channel's receive callback; tests and

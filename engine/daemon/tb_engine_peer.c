@@ -193,6 +193,16 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
     p->destroy = NULL != p->conn;
 }
 
+void tb_eng_peer_drop_conn(eng_peer_t *p)
+{
+    const tb_channel_counters_t *k = tb_channel_counters(tb_conn_channel(p->conn));
+
+    p->e->rx_copied += k->bytes_assembled + k->bytes_placed;
+    tb_eng_place_release(p);
+    tb_conn_destroy(p->conn);
+    p->conn = NULL;
+}
+
 int tb_eng_peer_make_conn(eng_peer_t *p)
 {
     tb_channel_callbacks_t cb = {.ctx = p,
@@ -391,6 +401,7 @@ static void hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_
         return;
     }
     m->src_slot = (int) r->slot;
+    r->e->tx_copied += len;
     tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
     d->nwait++;
     p->credit_changed = true;
@@ -455,6 +466,8 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         rc = tb_channel_send_commit(ch);
         if (TB_CHAN_OK == rc) {
             d->used += (uint32_t) tb_ecredit_cost(h->len);
+            e->tx_bytes += h->len;
+            e->tx_copied += h->len;
         }
         tb_eng_tx_consumed(r, end);
         return 1;
@@ -475,6 +488,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         return 1;
     }
     d->used += (uint32_t) tb_ecredit_cost(h->len);
+    /* The channel copies it into its send slots. */
+    e->tx_bytes += h->len;
+    e->tx_copied += h->len;
     return 1;
 }
 
@@ -585,6 +601,8 @@ static int send_waiting(eng_peer_t *p)
             break;
         }
         d->used += (uint32_t) tb_ecredit_cost(len);
+        p->e->tx_bytes += len;
+        p->e->tx_copied += len;
         taken += len;
         ++n;
     }
@@ -661,9 +679,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
         if (p->destroy) {
             /* Outside the channel's callbacks: the channel may go now. */
             p->destroy = false;
-            tb_eng_place_release(p);
-            tb_conn_destroy(p->conn);
-            p->conn = NULL;
+            tb_eng_peer_drop_conn(p);
             ++n;
             continue;
         }
@@ -747,6 +763,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             return;
         }
         tb_eng_rank_announce(r, p);
+        e->rx_bytes += plen;
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
                          (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
                          src, tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
@@ -899,8 +916,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
         if (p->conn) {
-            tb_eng_place_release(p);
-            tb_conn_destroy(p->conn);
+            tb_eng_peer_drop_conn(p);
         }
         drop_waiting(p, NULL, 0);
         drop_notices(p);

@@ -91,6 +91,9 @@ int tb_eng_rank_flush_overflow(eng_rank_t *r)
             tb_eng_rank_fail(r, "out of memory");
             return n;
         }
+        if (TB_EREC_RECV == m->type && m->link < TB_ELINK_LOCAL) {
+            r->e->rx_copied += m->len;
+        }
         r->ovf_head = m->next;
         if (NULL == r->ovf_head) {
             r->ovf_tail = NULL;
@@ -109,6 +112,9 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
 
     if (ENG_RANK_ATTACHED != r->state) {
         return;
+    }
+    if (TB_EREC_RECV == type && link < TB_ELINK_LOCAL) {
+        r->e->rx_copied += alen + blen; /* into the ring, or the overflow and then the ring */
     }
     if (NULL == r->ovf_head && NULL == r->placing
         && rx_write(r, type, tag, link, vpid, pid, a, alen, b, blen)) {

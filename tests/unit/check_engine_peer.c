@@ -408,6 +408,10 @@ START_TEST(placed_in_ring)
     ck_assert_uint_eq(src, 8);
     ck_assert_uint_eq(len, sizeof(small));
     ck_assert_uint_eq(p->delivered[1], tb_ecredit_cost(PLACED_LEN));
+    /* The engine copied only the small one, twice (into the overflow, then
+     * the ring); the placed one's copy is its channel's. */
+    ck_assert_uint_eq(h.e->rx_bytes, PLACED_LEN + sizeof(small));
+    ck_assert_uint_eq(h.e->rx_copied, 2 * sizeof(small));
     ck_assert_ptr_null(eh_check(&h));
     eh_fini(&h);
 }
