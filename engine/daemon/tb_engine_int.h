@@ -278,6 +278,22 @@ struct tb_engine {
     unsigned npeers;
 };
 
+/* A DATA message of plen payload bytes from p fits rank r's credit window at
+ * this end.  As the sender counts (credit_ok): one message may exceed the
+ * window only when nothing else is outstanding. */
+static inline bool tb_eng_window_ok(const eng_peer_t *p, const eng_rank_t *r, size_t plen)
+{
+    return 0 == p->delivered[r->slot]
+           || p->delivered[r->slot] + tb_ecredit_cost(plen) <= p->e->p.credit_window;
+}
+
+/* The link a RECV record of a message h from p names (TB_ELINK_HOST when it
+ * went between the ranks' host-wide modules). */
+static inline uint16_t tb_eng_recv_link(const eng_peer_t *p, const tb_wire_emsg_t *h)
+{
+    return (uint16_t) (p->idx | (h->flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0));
+}
+
 /* tb_engine_rank.c: a rank's rings. */
 int tb_eng_rank_tx_progress(eng_rank_t *r);
 int tb_eng_rank_flush_overflow(eng_rank_t *r);

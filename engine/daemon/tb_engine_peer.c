@@ -733,10 +733,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
             /* The rank left or died; its senders learn it from GONE. */
             return;
         }
-        /* As the sender counts (credit_ok): one message may exceed the
-         * window only when nothing else is outstanding. */
-        if (0 != p->delivered[r->slot]
-            && p->delivered[r->slot] + tb_ecredit_cost(plen) > e->p.credit_window) {
+        if (!tb_eng_window_ok(p, r, plen)) {
             snprintf(why, sizeof(why),
                      "it sent rank %u %llu bytes beyond the credit window (%llu bytes; "
                      "btl_tbrdma_engine_credit_window must be the same on every host)",
@@ -764,9 +761,8 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         }
         tb_eng_rank_announce(r, p);
         e->rx_bytes += plen;
-        tb_eng_rank_post(r, TB_EREC_RECV, h.tag,
-                         (uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)),
-                         src, tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
+        tb_eng_rank_post(r, TB_EREC_RECV, h.tag, tb_eng_recv_link(p, &h), src,
+                         tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
         if (NULL != (d = dst_of(p, dst, -1))) {

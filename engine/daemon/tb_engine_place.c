@@ -42,8 +42,7 @@ void *tb_eng_peer_recv_place(eng_peer_t *p, uint8_t tag, size_t len, const void 
     plen = len - sizeof(h);
     r = tb_eng_find_rank(e, tb_wire_le32(h.dst));
     if (NULL == r || NULL != r->placing || !tb_eng_rank_is(r, tb_wire_le32(h.dst_pid)) ||
-        (0 != p->delivered[r->slot] &&
-         p->delivered[r->slot] + tb_ecredit_cost(plen) > e->p.credit_window)) {
+        !tb_eng_window_ok(p, r, plen)) {
         return NULL;
     }
     /* Its PEER record first, as for a message delivered whole. */
@@ -54,7 +53,7 @@ void *tb_eng_peer_recv_place(eng_peer_t *p, uint8_t tag, size_t len, const void 
     }
     rec->type = TB_EREC_RECV;
     rec->tag = h.tag;
-    rec->link = tb_wire_le16((uint16_t) (p->idx | (h.flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0)));
+    rec->link = tb_wire_le16(tb_eng_recv_link(p, &h));
     rec->vpid = h.src;
     rec->pid = h.src_pid;
     r->placing = p;
