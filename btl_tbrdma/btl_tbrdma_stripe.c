@@ -145,7 +145,7 @@ int mca_btl_tbrdma_rma_striped(mca_btl_base_endpoint_t *endpoint, uint8_t tag, v
     s->status = OPAL_SUCCESS;
     for (unsigned i = 0; i < n; ++i) {
         /* Parts of equal size, on 64-byte boundaries. */
-        size_t from = i ? (size * i / n) & ~(size_t) 63 : 0;
+        size_t from = (size * i / n) & ~(size_t) 63;
         size_t to = i + 1 < n ? (size * (i + 1) / n) & ~(size_t) 63 : size;
 
         rc = mca_btl_tbrdma_rma_start(eps[i], tag, (char *) local_address + from,
