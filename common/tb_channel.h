@@ -129,7 +129,9 @@ typedef struct tb_channel_callbacks {
      * most head_len and TB_CHAN_PLACE_HEAD), or NULL.  The channel writes
      * each fragment straight there, and delivers the message through
      * recv_placed with its first *skip bytes: one copy fewer than recv.  If
-     * the channel fails first, the destination may hold part of it. */
+     * the channel fails first, the destination may hold part of it.  Asked
+     * only of the message due next (every earlier one delivered), so at most
+     * one message is placed at a time and none passes an earlier one. */
     void *(*recv_place)(void *ctx, uint8_t tag, size_t len, const void *head, size_t head_len,
                         size_t *skip);
     /* Required with recv_place: a placed message is complete, in order. */

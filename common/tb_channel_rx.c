@@ -174,7 +174,9 @@ static int rx_accept(tb_channel_t *ch, unsigned lane, unsigned char *buf,
     single = !m && plen == msg_len;
     if (!single && !m) {
         m = calloc(1, sizeof(*m));
-        if (m && ch->cb.recv_place) {
+        /* Placed only when due next: the caller may publish it in the order
+         * it reserved its space, so nothing before it may still be coming. */
+        if (m && ch->cb.recv_place && msg_id == ch->next_deliver) {
             size_t skip = 0;
             m->data = ch->cb.recv_place(ch->cb.ctx, h->tag, msg_len, payload, plen, &skip);
             if (m->data && (skip > plen || skip > TB_CHAN_PLACE_HEAD)) {

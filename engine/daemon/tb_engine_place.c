@@ -11,7 +11,10 @@
  * While a record is reserved nothing else may be written to that ring (it
  * takes one reservation at a time, and records are read in order), so what
  * else arrives for the rank meanwhile waits in its overflow, in order, as
- * for a full ring.  A message is placed only when it would be delivered as
+ * for a full ring.  That keeps each peer's order because the channel asks
+ * to place only the message due next from it (tb_channel.h): one further
+ * along would be published before an earlier one that went to the overflow.
+ * A message is placed only when it would be delivered as
  * it is (a rank of this host that is the process the sender named, within
  * the credit window) and the ring has room; anything else takes the
  * ordinary path (tb_eng_peer_recv), which reports or drops it.  The
