@@ -181,7 +181,11 @@ static int ranks_progress(tb_engine_t *e)
         case ENG_RANK_NODEV:
             /* Free once the socket is closed and the channels hold no
              * reference to its rings (sends from one, a message being
-             * written into the other). */
+             * written into the other); what waits for credit in its ring
+             * is copied out first. */
+            if (r->npinned) {
+                tb_eng_peers_unpin(e, r);
+            }
             if (r->fd < 0 && 0 == r->txq_len && NULL == r->placing) {
                 tb_eng_rank_free(r);
                 ++n;

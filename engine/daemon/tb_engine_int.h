@@ -105,8 +105,20 @@ typedef struct eng_msg {
     uint32_t pid;  /* record: as tb_wire_erec_t's */
     int src_slot;  /* waiting for credit: the sending rank's slot, -1 once it left */
     size_t len;
+    /* Waiting for credit, left where it lies: its payload is in the sending
+     * rank's ring at payload, kept there by ref (a txq entry not done), and
+     * data holds only its header (len still counts the whole message). */
+    eng_txrec_t *ref;
+    const uint8_t *payload;
     uint8_t data[];
 } eng_msg_t;
+
+/* A message waits for credit in its rank's ring, not copied, while the ring
+ * bytes and txq entries the rank has pinned stay under these shares of them:
+ * beyond, it is copied, so a destination that does not read can never fill
+ * its senders' rings (they would stop sending to anyone). */
+#define ENG_REF_RING_SHARE 2u /* at most 1/2 of the ring */
+#define ENG_REF_TXQ (ENG_TXQ / 2)
 
 /* What a held message of len bytes costs the engine, its header and the
  * allocator's own included: the bounds on held messages (held_max) count
@@ -151,6 +163,7 @@ struct eng_rank {
      * (tb_engine_place.c): till it is whole, other records wait in the
      * overflow, and the rank is not freed. */
     eng_peer_t *placing;
+    unsigned npinned; /* its messages waiting for credit left in tx (eng_msg_t.ref) */
 };
 
 /* Credit toward one rank behind a peer engine.  An engine serves at most
@@ -387,6 +400,9 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
                       uint16_t link);
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
+/* r's messages waiting for credit in its ring are copied out, so its ring and
+ * txq move on (they pin more than their share). */
+void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why);
 size_t tb_eng_peers_unacked(tb_engine_t *e);
 unsigned tb_eng_peers_open(tb_engine_t *e);

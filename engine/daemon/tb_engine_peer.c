@@ -72,6 +72,22 @@ static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
              p->e->devs[p->dev].dev->netdev, p->known ? ip : "a peer engine");
 }
 
+/* The rank whose ring holds m's payload (m->ref set). */
+static eng_rank_t *r_of(const eng_msg_t *m)
+{
+    return m->ref->rank;
+}
+
+/* A waiting message goes: its ring space (if it was left there) is free. */
+static void unhold(eng_msg_t *m)
+{
+    if (m->ref) {
+        m->ref->rank->npinned--;
+        tb_eng_tx_done(m->ref);
+    }
+    free(m);
+}
+
 /* The process a message waiting for credit is for (its header leads it). */
 static uint32_t waiting_dst_pid(const eng_msg_t *m)
 {
@@ -100,7 +116,7 @@ static void drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid)
         }
         /* Held only once its destination had its place (tb_eng_send). */
         dst_of(p, m->vpid, -1)->nwait--;
-        free(m);
+        unhold(m);
     }
 }
 
@@ -390,22 +406,81 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
 
 /* ---- sending --------------------------------------------------------------- */
 
-static void hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
-                 const void *payload, size_t len)
+/* A message that must wait for credit (or its channel): left in the rank's
+ * ring while the rank's pinned share allows (ENG_REF_*), else copied out.
+ * The record ending at end is consumed either way: 1 when it stays pinned
+ * by a txq entry, 0 when the caller must mark it consumed. */
+static int hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
+                const void *payload, size_t len, uint64_t end)
 {
     uint32_t dst = tb_wire_le32(h->dst);
-    eng_msg_t *m = tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
+    bool by_ref = r->txq_len < ENG_REF_TXQ
+                  && r->tx.cursor - r->tx.tail < r->tx.size / ENG_REF_RING_SHARE;
+    eng_msg_t *m = by_ref ? tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), NULL, 0)
+                          : tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
 
     if (NULL == m) {
         tb_eng_rank_fail(r, "out of memory holding its message");
-        return;
+        return 0;
     }
     m->src_slot = (int) r->slot;
-    r->e->tx_copied += len;
+    if (by_ref) {
+        m->ref = tb_eng_txq_push(r, end);
+        m->payload = payload;
+        m->len = sizeof(*h) + len;
+        r->npinned++;
+    } else {
+        r->e->tx_copied += len;
+    }
     tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
     d->nwait++;
     p->credit_changed = true;
     r->held_bytes += ENG_MSG_COST(m->len);
+    return by_ref;
+}
+
+void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
+{
+    for (unsigned i = 0; i < e->npeers && r->npinned; ++i) {
+        eng_peer_t *p = e->peers[i];
+        eng_msg_t **pp = &p->wait_head, *m, *c;
+
+        while ((m = *pp)) {
+            size_t len = m->len - sizeof(tb_wire_emsg_t);
+            if (NULL == m->ref || m->ref->rank != r) {
+                pp = &m->next;
+                continue;
+            }
+            c = tb_eng_msg_new(0, m->tag, 0, m->vpid, m->data, sizeof(tb_wire_emsg_t),
+                               m->payload, len);
+            if (NULL == c) {
+                /* Dropped, and the rank with it: its ring may be going. */
+                *pp = m->next;
+                if (p->wait_tail == m) {
+                    p->wait_tail = NULL;
+                    for (eng_msg_t *t = p->wait_head; t; t = t->next) {
+                        p->wait_tail = t;
+                    }
+                }
+                dst_of(p, m->vpid, -1)->nwait--;
+                if (m->src_slot >= 0) {
+                    e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
+                }
+                unhold(m);
+                tb_eng_rank_fail(r, "out of memory holding its message");
+                continue;
+            }
+            c->src_slot = m->src_slot;
+            c->next = m->next;
+            *pp = c;
+            if (p->wait_tail == m) {
+                p->wait_tail = c;
+            }
+            e->tx_copied += len;
+            unhold(m);
+            pp = &c->next;
+        }
+    }
 }
 
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
@@ -455,8 +530,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
      * be lost. */
     if (d->nwait || !credit_ok(p, d, h->len) || ENG_PEER_CONNECTED != p->state
         || NULL == (ch = peer_channel(p))) {
-        hold(p, d, r, &em, payload, h->len);
-        tb_eng_tx_consumed(r, end);
+        if (!hold(p, d, r, &em, payload, h->len, end)) {
+            tb_eng_tx_consumed(r, end);
+        }
         return 1;
     }
     slot = tb_channel_send_begin(ch, TB_ETAG_DATA, sizeof(em) + h->len);
@@ -576,11 +652,23 @@ static int send_waiting(eng_peer_t *p)
             p->e->ranks[src].held_bytes -= ENG_MSG_COST(m->len);
         }
         m->src_slot = -1;
-        rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
+        if (m->ref) {
+            /* From the ring: the header where the channel reads it until
+             * the send completes (the ring entry's), the payload in place. */
+            struct iovec iov[2] = {{&m->ref->hdr, sizeof(tb_wire_emsg_t)},
+                                   {(void *) m->payload, len}};
+            memcpy(&m->ref->hdr, m->data, sizeof(tb_wire_emsg_t));
+            rc = tb_channel_sendv(ch, TB_ETAG_DATA, iov, 2, m->ref);
+        } else {
+            rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
+        }
         if (ENG_PEER_CONNECTED != p->state) {
             /* Failed meanwhile: the list is gone; m is the channel's if it
              * took it (freed at its completion), else ours. */
             if (TB_CHAN_OK != rc) {
+                unhold(m);
+            } else if (m->ref) {
+                r_of(m)->npinned--;
                 free(m);
             }
             return n;
@@ -603,6 +691,10 @@ static int send_waiting(eng_peer_t *p)
         d->used += (uint32_t) tb_ecredit_cost(len);
         p->e->tx_bytes += len;
         p->e->tx_copied += len;
+        if (m->ref) {
+            r_of(m)->npinned--;
+            free(m); /* the channel has the ring entry as its cookie */
+        }
         taken += len;
         ++n;
     }
@@ -835,6 +927,8 @@ static void chan_error(void *ctx, int status, const char *why)
 
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r)
 {
+    /* Its ring goes: nothing may wait in it any more. */
+    tb_eng_peers_unpin(e, r);
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
         p->ret[r->slot] = 0;

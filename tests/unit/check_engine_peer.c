@@ -489,6 +489,86 @@ START_TEST(placed_released)
 }
 END_TEST
 
+/* ---- messages waiting for credit ------------------------------------------ */
+
+/* Rank 0 routes link 0 to peer p (a peer without a channel: whatever it is
+ * sent waits, as for credit). */
+static void route_to(eng_harness_t *h, eng_peer_t *p)
+{
+    tb_wire_eroute_t rt;
+
+    memset(&rt, 0, sizeof(rt));
+    rt.ipv4 = 0x0100007f;
+    rt.cm_port = tb_wire_le16(9);
+    memcpy(rt.engine_id, p->id, sizeof(rt.engine_id));
+    ck_assert_int_eq(eh_rank_write(h, 0, TB_EREC_ROUTE, 0, 0, 0, true, &rt, sizeof(rt)), 0);
+    eh_progress(h);
+}
+
+/* The payloads of what waits for p, concatenated into out; their number. */
+static unsigned waiting_payloads(eng_peer_t *p, uint8_t *out, size_t cap)
+{
+    unsigned n = 0;
+    size_t at = 0;
+
+    for (eng_msg_t *m = p->wait_head; m; m = m->next, ++n) {
+        size_t len = m->len - sizeof(tb_wire_emsg_t);
+        const uint8_t *src = m->ref ? m->payload : m->data + sizeof(tb_wire_emsg_t);
+        ck_assert_uint_le(at + len, cap);
+        memcpy(out + at, src, len);
+        at += len;
+    }
+    return n;
+}
+
+/* A message that waits for credit stays in its rank's ring, not copied, while
+ * the rank pins less than its share; beyond, and when the rank is gone, what
+ * waits is copied out, intact, and the ring moves on. */
+START_TEST(held_in_ring)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h);
+    eng_rank_t *r = &h.e->ranks[0];
+    static uint8_t msg[4000], got[64 * 4000];
+    unsigned sent = 0, n;
+
+    route_to(&h, p);
+    memset(msg, 1, sizeof(msg));
+    ck_assert_int_eq(eh_rank_write(&h, 0, TB_EREC_SEND, 3, 0, 2, true, msg, sizeof(msg)), 0);
+    eh_progress(&h);
+    ck_assert_ptr_nonnull(p->wait_head);
+    ck_assert_ptr_nonnull(p->wait_head->ref);
+    ck_assert_uint_eq(h.e->tx_copied, 0);
+    ck_assert_uint_eq(r->npinned, 1);
+    ck_assert_uint_eq(r->txq_len, 1);
+    /* More than half the ring pinned: the oldest are copied out. */
+    for (sent = 1; sent < 12; ++sent) {
+        memset(msg, (int) (sent + 1), sizeof(msg));
+        ck_assert_int_eq(eh_rank_write(&h, 0, TB_EREC_SEND, 3, 0, 2, true, msg, sizeof(msg)), 0);
+        eh_progress(&h);
+        ck_assert_ptr_null(eh_check(&h));
+    }
+    ck_assert_uint_gt(h.e->tx_copied, 0);
+    ck_assert_uint_lt(r->tx.cursor - r->tx.tail, r->tx.size);
+    n = waiting_payloads(p, got, sizeof(got));
+    ck_assert_uint_eq(n, sent);
+    for (unsigned i = 0; i < n; ++i) {
+        ck_assert_uint_eq(got[i * sizeof(msg)], i + 1);
+        ck_assert_uint_eq(got[i * sizeof(msg) + sizeof(msg) - 1], i + 1);
+    }
+    /* Gone: everything is copied out and the ring released. */
+    tb_eng_peers_unpin(h.e, r);
+    ck_assert_uint_eq(r->npinned, 0);
+    ck_assert_uint_eq(r->txq_len, 0);
+    ck_assert_uint_eq(waiting_payloads(p, got, sizeof(got)), sent);
+    for (unsigned i = 0; i < n; ++i) {
+        ck_assert_uint_eq(got[i * sizeof(msg) + 7], i + 1);
+    }
+    ck_assert_ptr_null(eh_check(&h));
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -508,6 +588,7 @@ int main(void)
     tcase_add_test(tc, placed_in_ring);
     tcase_add_test(tc, place_refused);
     tcase_add_test(tc, placed_released);
+    tcase_add_test(tc, held_in_ring);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
