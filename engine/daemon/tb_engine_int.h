@@ -361,7 +361,27 @@ bool tb_eng_dh_allowed(tb_engine_t *e, uint64_t now);
 /* The connection manager's peer_secret for device ctx (an eng_dev_t). */
 int tb_eng_cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t *secret);
 
+/* tb_engine_credit.c: credit toward the ranks behind a peer, and what waits
+ * for it. */
+/* The destination vpid behind p (made, for the rank in slot adder, if there is
+ * room; adder -1: only if it is there). */
+eng_dst_t *tb_eng_dst_of(eng_peer_t *p, uint32_t vpid, int adder);
+/* A message of len payload bytes may go to d now. */
+bool tb_eng_credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len);
+/* r's message (header h, payload) waits for credit or the channel; 1 when it
+ * stays in r's ring (its record is then consumed by a txq entry), 0 when the
+ * caller must mark the record ending at end consumed. */
+int tb_eng_hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
+                const void *payload, size_t len, uint64_t end);
+/* Drop what waits for p: all of it (dst NULL), or what is for process pid as
+ * rank *dst. */
+void tb_eng_drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid);
+/* Send what waits for p as far as credit and the channel allow: how many. */
+int tb_eng_send_waiting(eng_peer_t *p);
+
 /* tb_engine_peer.c: other engines. */
+/* p's channel once set up, or NULL. */
+tb_channel_t *tb_eng_peer_channel(eng_peer_t *p);
 /* The peer engine id over device dev; made (when add is set and the table
  * has room) if there is none yet. */
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add);

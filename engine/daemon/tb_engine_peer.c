@@ -24,7 +24,6 @@ static void chan_error(void *ctx, int status, const char *why);
 static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
                              size_t head_len, size_t *skip);
 static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len);
-static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder);
 
 eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, bool add)
 {
@@ -70,54 +69,6 @@ static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
     inet_ntop(AF_INET, &a, ip, sizeof(ip));
     snprintf(buf, len, "%s (%s) to %s", p->e->devs[p->dev].dev->name,
              p->e->devs[p->dev].dev->netdev, p->known ? ip : "a peer engine");
-}
-
-/* The rank whose ring holds m's payload (m->ref set). */
-static eng_rank_t *r_of(const eng_msg_t *m)
-{
-    return m->ref->rank;
-}
-
-/* A waiting message goes: its ring space (if it was left there) is free. */
-static void unhold(eng_msg_t *m)
-{
-    if (m->ref) {
-        m->ref->rank->npinned--;
-        tb_eng_tx_done(m->ref);
-    }
-    free(m);
-}
-
-/* The process a message waiting for credit is for (its header leads it). */
-static uint32_t waiting_dst_pid(const eng_msg_t *m)
-{
-    tb_wire_emsg_t h;
-
-    memcpy(&h, m->data, sizeof(h));
-    return tb_wire_le32(h.dst_pid);
-}
-
-/* What waits for credit: all of it (dst NULL), or what is for the process
- * pid as rank *dst. */
-static void drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid)
-{
-    eng_msg_t **pp = &p->wait_head, *m;
-
-    p->wait_tail = NULL;
-    while ((m = *pp)) {
-        if (dst && (m->vpid != *dst || pid != waiting_dst_pid(m))) {
-            p->wait_tail = m;
-            pp = &m->next;
-            continue;
-        }
-        *pp = m->next;
-        if (m->src_slot >= 0) {
-            p->e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
-        }
-        /* Held only once its destination had its place (tb_eng_send). */
-        dst_of(p, m->vpid, -1)->nwait--;
-        unhold(m);
-    }
 }
 
 static void drop_notices(eng_peer_t *p)
@@ -204,7 +155,7 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
                              strlen(text), NULL, 0);
         }
     }
-    drop_waiting(p, NULL, 0);
+    tb_eng_drop_waiting(p, NULL, 0);
     drop_notices(p);
     p->destroy = NULL != p->conn;
 }
@@ -250,87 +201,9 @@ int tb_eng_peer_make_conn(eng_peer_t *p)
     return 0;
 }
 
+/* ---- control messages ---------------------------------------------------- */
 
-/* ---- credit -------------------------------------------------------------- */
-
-static unsigned dst_hash(uint32_t vpid)
-{
-    return (unsigned) ((vpid * 2654435761u) >> 16) % ENG_DST_HASH;
-}
-
-/* Enter dst[i] in the hash (it has twice the slots of entries: one is free). */
-static void dst_place(eng_peer_t *p, unsigned i)
-{
-    unsigned h = dst_hash(p->dst[i].vpid);
-
-    while (p->dst_slot[h]) {
-        h = (h + 1) % ENG_DST_HASH;
-    }
-    p->dst_slot[h] = (uint8_t) (i + 1);
-}
-
-/* Forget the destinations with nothing in flight or waiting (their credit
- * is all back): true if any went. */
-static bool dst_reclaim(eng_peer_t *p)
-{
-    unsigned n = 0;
-
-    for (unsigned i = 0; i < p->ndst; ++i) {
-        if (p->dst[i].used || p->dst[i].nwait) {
-            p->dst[n++] = p->dst[i];
-        }
-    }
-    if (n == p->ndst) {
-        return false;
-    }
-    p->ndst = n;
-    memset(p->dst_slot, 0, sizeof(p->dst_slot));
-    for (unsigned i = 0; i < n; ++i) {
-        dst_place(p, i);
-    }
-    return true;
-}
-
-/* Rank vpid behind p; with adder >= 0 (the slot of the rank that sends to
- * it), added if it is not there yet.  NULL if it is not there, or cannot be
- * added: that rank named ENG_MAX_RANKS others already (no engine serves
- * more), or the table is full of destinations with credit out. */
-static eng_dst_t *dst_of(eng_peer_t *p, uint32_t vpid, int adder)
-{
-    unsigned h = dst_hash(vpid), mine = 0;
-    eng_dst_t *d;
-
-    for (unsigned k = 0; k < ENG_DST_HASH && p->dst_slot[h]; ++k, h = (h + 1) % ENG_DST_HASH) {
-        d = &p->dst[p->dst_slot[h] - 1];
-        if (d->vpid == vpid) {
-            return d;
-        }
-    }
-    if (adder < 0) {
-        return NULL;
-    }
-    for (unsigned i = 0; i < p->ndst; ++i) {
-        mine += p->dst[i].adder == (unsigned) adder;
-    }
-    if (mine >= ENG_MAX_RANKS || (ENG_DST_MAX == p->ndst && !dst_reclaim(p))) {
-        return NULL;
-    }
-    d = &p->dst[p->ndst];
-    memset(d, 0, sizeof(*d));
-    d->vpid = vpid;
-    d->adder = (uint8_t) adder;
-    dst_place(p, p->ndst++);
-    return d;
-}
-
-/* One message may always be in flight, whatever its size.  Credit counts
- * what a message costs the receiver (tb_ecredit_cost). */
-static bool credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len)
-{
-    return 0 == d->used || d->used + tb_ecredit_cost(len) <= p->e->p.credit_window;
-}
-
-static tb_channel_t *peer_channel(eng_peer_t *p)
+tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
     return p->conn ? tb_conn_channel(p->conn) : NULL;
 }
@@ -343,7 +216,7 @@ static tb_channel_t *peer_channel(eng_peer_t *p)
 static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid, uint32_t dst,
                       uint32_t credit, const char *text, bool keep)
 {
-    tb_channel_t *ch = peer_channel(p);
+    tb_channel_t *ch = tb_eng_peer_channel(p);
     tb_wire_emsg_t h;
     size_t tlen = text ? strlen(text) : 0;
     bool behind = keep && NULL != p->notice_head;
@@ -406,83 +279,6 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
 
 /* ---- sending --------------------------------------------------------------- */
 
-/* A message that must wait for credit (or its channel): left in the rank's
- * ring while the rank's pinned share allows (ENG_REF_*), else copied out.
- * The record ending at end is consumed either way: 1 when it stays pinned
- * by a txq entry, 0 when the caller must mark it consumed. */
-static int hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
-                const void *payload, size_t len, uint64_t end)
-{
-    uint32_t dst = tb_wire_le32(h->dst);
-    bool by_ref = r->txq_len < ENG_REF_TXQ
-                  && r->tx.cursor - r->tx.tail < r->tx.size / ENG_REF_RING_SHARE;
-    eng_msg_t *m = by_ref ? tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), NULL, 0)
-                          : tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
-
-    if (NULL == m) {
-        tb_eng_rank_fail(r, "out of memory holding its message");
-        return 0;
-    }
-    m->src_slot = (int) r->slot;
-    if (by_ref) {
-        m->ref = tb_eng_txq_push(r, end);
-        m->payload = payload;
-        m->len = sizeof(*h) + len;
-        r->npinned++;
-    } else {
-        r->e->tx_copied += len;
-    }
-    tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
-    d->nwait++;
-    p->credit_changed = true;
-    r->held_bytes += ENG_MSG_COST(m->len);
-    return by_ref;
-}
-
-void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
-{
-    for (unsigned i = 0; i < e->npeers && r->npinned; ++i) {
-        eng_peer_t *p = e->peers[i];
-        eng_msg_t **pp = &p->wait_head, *m, *c;
-
-        while ((m = *pp)) {
-            size_t len = m->len - sizeof(tb_wire_emsg_t);
-            if (NULL == m->ref || m->ref->rank != r) {
-                pp = &m->next;
-                continue;
-            }
-            c = tb_eng_msg_new(0, m->tag, 0, m->vpid, m->data, sizeof(tb_wire_emsg_t),
-                               m->payload, len);
-            if (NULL == c) {
-                /* Dropped, and the rank with it: its ring may be going. */
-                *pp = m->next;
-                if (p->wait_tail == m) {
-                    p->wait_tail = NULL;
-                    for (eng_msg_t *t = p->wait_head; t; t = t->next) {
-                        p->wait_tail = t;
-                    }
-                }
-                dst_of(p, m->vpid, -1)->nwait--;
-                if (m->src_slot >= 0) {
-                    e->ranks[m->src_slot].held_bytes -= ENG_MSG_COST(m->len);
-                }
-                unhold(m);
-                tb_eng_rank_fail(r, "out of memory holding its message");
-                continue;
-            }
-            c->src_slot = m->src_slot;
-            c->next = m->next;
-            *pp = c;
-            if (p->wait_tail == m) {
-                p->wait_tail = c;
-            }
-            e->tx_copied += len;
-            unhold(m);
-            pp = &c->next;
-        }
-    }
-}
-
 int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uint64_t start,
                 uint64_t end)
 {
@@ -513,7 +309,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_consumed(r, end);
         return 1;
     }
-    d = dst_of(p, h->vpid, (int) r->slot);
+    d = tb_eng_dst_of(p, h->vpid, (int) r->slot);
     if (NULL == d) {
         tb_eng_rank_fail(r, "it sends to more ranks behind one engine than an engine serves");
         return 1;
@@ -528,9 +324,9 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     /* Nothing goes into a channel before it is set up: a setup that is
      * tried again starts with a new channel, and the old one's sends would
      * be lost. */
-    if (d->nwait || !credit_ok(p, d, h->len) || ENG_PEER_CONNECTED != p->state
-        || NULL == (ch = peer_channel(p))) {
-        if (!hold(p, d, r, &em, payload, h->len, end)) {
+    if (d->nwait || !tb_eng_credit_ok(p, d, h->len) || ENG_PEER_CONNECTED != p->state
+        || NULL == (ch = tb_eng_peer_channel(p))) {
+        if (!tb_eng_hold(p, d, r, &em, payload, h->len, end)) {
             tb_eng_tx_consumed(r, end);
         }
         return 1;
@@ -612,99 +408,10 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
     return 1;
 }
 
-/* What waited for credit, in order per destination. */
-static int send_waiting(eng_peer_t *p)
-{
-    tb_channel_t *ch = peer_channel(p);
-    eng_msg_t **pp = &p->wait_head, *m, *prev = NULL;
-    size_t taken = 0;
-    int n = 0, rc, src;
-
-    if (NULL == ch || NULL == p->wait_head || !p->credit_changed
-        || ENG_PEER_CONNECTED != p->state) {
-        return 0;
-    }
-    p->credit_changed = false;
-    p->scan_gen++;
-    while ((m = *pp)) {
-        eng_dst_t *d = dst_of(p, m->vpid, -1);
-        size_t len = m->len - sizeof(tb_wire_emsg_t);
-        if (taken >= ENG_TX_SHARE) {
-            /* The rest in the next pass (see rank_tx_progress). */
-            p->credit_changed = true;
-            break;
-        }
-        if (d->blocked == p->scan_gen || !credit_ok(p, d, len)) {
-            d->blocked = p->scan_gen;
-            prev = m;
-            pp = &m->next;
-            continue;
-        }
-        /* Out of the list before the send: a send that fails the channel
-         * drops whatever is still listed. */
-        *pp = m->next;
-        if (p->wait_tail == m) {
-            p->wait_tail = prev;
-        }
-        d->nwait--;
-        src = m->src_slot;
-        if (src >= 0) {
-            p->e->ranks[src].held_bytes -= ENG_MSG_COST(m->len);
-        }
-        m->src_slot = -1;
-        if (m->ref) {
-            /* From the ring: the header where the channel reads it until
-             * the send completes (the ring entry's), the payload in place. */
-            struct iovec iov[2] = {{&m->ref->hdr, sizeof(tb_wire_emsg_t)},
-                                   {(void *) m->payload, len}};
-            memcpy(&m->ref->hdr, m->data, sizeof(tb_wire_emsg_t));
-            rc = tb_channel_sendv(ch, TB_ETAG_DATA, iov, 2, m->ref);
-        } else {
-            rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
-        }
-        if (ENG_PEER_CONNECTED != p->state) {
-            /* Failed meanwhile: the list is gone; m is the channel's if it
-             * took it (freed at its completion), else ours. */
-            if (TB_CHAN_OK != rc) {
-                unhold(m);
-            } else if (m->ref) {
-                r_of(m)->npinned--;
-                free(m);
-            }
-            return n;
-        }
-        if (TB_CHAN_OK != rc) {
-            /* The channel is full: back in its place, try again later. */
-            m->next = *pp;
-            *pp = m;
-            if (NULL == m->next) {
-                p->wait_tail = m;
-            }
-            d->nwait++;
-            m->src_slot = src;
-            if (src >= 0) {
-                p->e->ranks[src].held_bytes += ENG_MSG_COST(m->len);
-            }
-            p->credit_changed = true;
-            break;
-        }
-        d->used += (uint32_t) tb_ecredit_cost(len);
-        p->e->tx_bytes += len;
-        p->e->tx_copied += len;
-        if (m->ref) {
-            r_of(m)->npinned--;
-            free(m); /* the channel has the ring entry as its cookie */
-        }
-        taken += len;
-        ++n;
-    }
-    return n;
-}
-
 /* Notices that waited for room in the channel, in order. */
 static int send_notices(eng_peer_t *p)
 {
-    tb_channel_t *ch = peer_channel(p);
+    tb_channel_t *ch = tb_eng_peer_channel(p);
     eng_msg_t *m;
     int n = 0;
 
@@ -776,7 +483,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
             continue;
         }
         n += send_notices(p);
-        n += send_waiting(p);
+        n += tb_eng_send_waiting(p);
         n += return_credit(p);
     }
     return n;
@@ -857,7 +564,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
                          tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
         return;
     case TB_ETAG_CREDIT:
-        if (NULL != (d = dst_of(p, dst, -1))) {
+        if (NULL != (d = tb_eng_dst_of(p, dst, -1))) {
             uint32_t c = tb_wire_le32(h.credit);
             d->used -= c < d->used ? c : d->used;
             p->credit_changed = true;
@@ -881,7 +588,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         p->gone[p->ngone].vpid = src;
         p->gone[p->ngone++].pid = tb_wire_le32(h.src_pid);
         snprintf(why, sizeof(why), "%.*s", (int) (plen < 200 ? plen : 200), (const char *) payload);
-        drop_waiting(p, &src, tb_wire_le32(h.src_pid));
+        tb_eng_drop_waiting(p, &src, tb_wire_le32(h.src_pid));
         for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
             r = &e->ranks[i];
             if (ENG_RANK_ATTACHED == r->state) {
@@ -1008,7 +715,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         if (p->conn) {
             tb_eng_peer_drop_conn(p);
         }
-        drop_waiting(p, NULL, 0);
+        tb_eng_drop_waiting(p, NULL, 0);
         drop_notices(p);
         tb_mem_wipe(p->pair_secret, sizeof(p->pair_secret));
         free(p);
