@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 5
+#define TB_WIRE_ENGINE_VERSION 6
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -100,6 +100,7 @@ typedef enum {
     TB_EREC_ROUTE = 2,  /* link (the rank's route number) = tb_wire_eroute_t */
     TB_EREC_JOBKEY = 3, /* the job's engine secret (TB_WIRE_SECRET_SIZE bytes) */
     TB_EREC_BYE = 4,    /* the rank finalizes: nothing follows */
+    TB_EREC_HOSTS = 5,  /* the job's hosts and their cables' ends: tb_wire_ehost_t[] */
     /* engine -> rank */
     TB_EREC_RECV = 16,  /* a message from rank vpid through the engine's peer link */
     TB_EREC_PEER = 17,  /* peer link is the engine tb_wire_epeer_t names */
@@ -139,6 +140,11 @@ typedef struct __attribute__((packed)) tb_wire_erec {
 
 enum {
     TB_EROUTE_F_HOST = 0x01, /* the rank's host-wide module (see TB_ELINK_HOST) */
+    /* To an engine no cable of this host reaches: engine_id names it, dev
+     * the device of the first hop; the engines relay (TB_ETAG_RELAY) along
+     * the route the job's cabling gives (common/tb_topology.h).  ipv4,
+     * cm_port and gid are zero. */
+    TB_EROUTE_F_ROUTED = 0x02,
 };
 
 typedef struct __attribute__((packed)) tb_wire_eroute {
@@ -159,7 +165,22 @@ typedef struct __attribute__((packed)) tb_wire_epeer {
     uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
 } tb_wire_epeer_t;
 
+/* One end of a cable in the job's table of hosts (TB_EREC_HOSTS): the
+ * entries are sorted by engine id, then dev, and a host's devs count from 0.
+ * A rank builds it from the job's modex entries, so every rank of every host
+ * gives its engine the same table. */
+typedef struct __attribute__((packed)) tb_wire_ehost {
+    uint8_t engine_id[TB_WIRE_ENGINE_ID_SIZE];
+    uint32_t ipv4; /* network byte order */
+    uint32_t netmask;
+    uint8_t gid[16];
+    uint16_t cm_port; /* that engine's connection manager on this cable */
+    uint8_t dev;
+    uint8_t reserved[5];
+} tb_wire_ehost_t;
+
 _Static_assert(sizeof(tb_wire_erec_t) == 24, "ring record layout");
+_Static_assert(sizeof(tb_wire_ehost_t) == 64, "host table entry layout");
 _Static_assert(sizeof(tb_wire_eroute_t) == 64, "route record layout");
 _Static_assert(sizeof(tb_wire_epeer_t) == 40, "peer record layout");
 
@@ -171,7 +192,31 @@ enum {
     TB_ETAG_DATA = 1,   /* a message from rank src to rank dst */
     TB_ETAG_CREDIT = 2, /* rank dst consumed credit bytes of what this engine sent it */
     TB_ETAG_GONE = 3,   /* rank src died; payload: why */
+    /* A message between two engines no cable joins, carried by the engines
+     * on the route: tb_wire_erelay_t, then the message (its tag, header and
+     * payload as between neighbours). */
+    TB_ETAG_RELAY = 4,
+    /* Only inside RELAY, from a relay (its src_host): it lost the way to the
+     * host tb_wire_eunreach_t names; then why, as text. */
+    TB_ETAG_UNREACH = 5,
 };
+
+typedef struct __attribute__((packed)) tb_wire_eunreach {
+    uint16_t host;
+    uint8_t reserved[6];
+} tb_wire_eunreach_t;
+
+typedef struct __attribute__((packed)) tb_wire_erelay {
+    uint32_t digest;   /* of the job's host table both ends route by */
+    uint16_t src_host; /* index in that table (sorted by engine id) */
+    uint16_t dst_host;
+    uint8_t tag;       /* the message's own: DATA, CREDIT, GONE or UNREACH */
+    uint8_t hops_left; /* set to the number of hosts; a relay that finds 0 drops it */
+    uint8_t reserved[6];
+} tb_wire_erelay_t;
+
+_Static_assert(sizeof(tb_wire_erelay_t) == 16, "relay header layout");
+_Static_assert(sizeof(tb_wire_eunreach_t) == 8, "relay notice layout");
 
 enum {
     TB_EMSG_F_HOST = 0x01, /* DATA: between the ranks' host-wide modules */

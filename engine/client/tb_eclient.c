@@ -619,6 +619,13 @@ int tb_eclient_jobkey(tb_eclient_t *c, const uint8_t *key)
     return put_record(c, TB_EREC_JOBKEY, 0, 0, 0, 0, &iov, 1);
 }
 
+int tb_eclient_hosts(tb_eclient_t *c, const tb_wire_ehost_t *hosts, size_t n)
+{
+    struct iovec iov = {.iov_base = (void *) hosts, .iov_len = n * sizeof(*hosts)};
+
+    return put_record(c, TB_EREC_HOSTS, 0, 0, 0, 0, &iov, 1);
+}
+
 int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,
                      uint8_t tag, const struct iovec *iov, int iovcnt)
 {

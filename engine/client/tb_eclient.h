@@ -55,6 +55,8 @@ const char *tb_eclient_dir(const tb_eclient_t *c);
  * -EMSGSIZE, or -EPIPE (the engine is gone). */
 int tb_eclient_route(tb_eclient_t *c, uint16_t route, const tb_wire_eroute_t *rt);
 int tb_eclient_jobkey(tb_eclient_t *c, const uint8_t *key);
+/* The job's table of hosts (n entries, as tb_wire_ehost_t says). */
+int tb_eclient_hosts(tb_eclient_t *c, const tb_wire_ehost_t *hosts, size_t n);
 /* A message for rank dst, which the job published as process dst_pid: the
  * engines deliver it to that process only. */
 int tb_eclient_sendv(tb_eclient_t *c, uint16_t route, uint32_t dst, uint32_t dst_pid,

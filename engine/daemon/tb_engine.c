@@ -526,6 +526,10 @@ void tb_engine_destroy(tb_engine_t *e)
                 (double) e->rx_bytes / 1048576.0,
                 e->rx_bytes ? (double) e->rx_copied / (double) e->rx_bytes : 0.0);
     }
+    if (e->relayed_msgs) {
+        TB_INFO("relayed for other hosts: %llu messages, %.1f MiB",
+                (unsigned long long) e->relayed_msgs, (double) e->relayed_bytes / 1048576.0);
+    }
     for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
         if (ENG_RANK_FREE != e->ranks[i].state) {
             tb_eng_rank_free(&e->ranks[i]);

@@ -81,10 +81,17 @@ eng_dst_t *tb_eng_dst_of(eng_peer_t *p, uint32_t vpid, int adder)
 }
 
 /* One message may always be in flight, whatever its size.  Credit counts
- * what a message costs the receiver (tb_ecredit_cost). */
+ * what a message costs the receiver (tb_ecredit_cost).  A routed peer's
+ * destinations share a total too: it bounds what relays hold. */
 bool tb_eng_credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len)
 {
-    return 0 == d->used || d->used + tb_ecredit_cost(len) <= p->e->p.credit_window;
+    uint64_t cost = tb_ecredit_cost(len);
+
+    if (p->via && 0 != p->used_total
+        && p->used_total + cost > p->e->p.credit_window / ENG_ROUTED_WINDOW_SHARE) {
+        return false;
+    }
+    return 0 == d->used || d->used + cost <= p->e->p.credit_window;
 }
 
 /* The rank whose ring holds m's payload (m->ref set). */
@@ -258,9 +265,10 @@ int tb_eng_send_waiting(eng_peer_t *p)
             struct iovec iov[2] = {{&m->ref->hdr, sizeof(tb_wire_emsg_t)},
                                    {(void *) m->payload, len}};
             memcpy(&m->ref->hdr, m->data, sizeof(tb_wire_emsg_t));
-            rc = tb_channel_sendv(ch, TB_ETAG_DATA, iov, 2, m->ref);
+            rc = tb_eng_peer_sendv(p, ch, TB_ETAG_DATA, iov, 2, m->ref);
         } else {
-            rc = tb_channel_send(ch, TB_ETAG_DATA, m->data, m->len, m);
+            struct iovec iov = {m->data, m->len};
+            rc = tb_eng_peer_sendv(p, ch, TB_ETAG_DATA, &iov, 1, m);
         }
         if (ENG_PEER_CONNECTED != p->state) {
             /* Failed meanwhile: the list is gone; m is the channel's if it
@@ -289,6 +297,7 @@ int tb_eng_send_waiting(eng_peer_t *p)
             break;
         }
         d->used += (uint32_t) tb_ecredit_cost(len);
+        p->used_total += tb_ecredit_cost(len);
         p->e->tx_bytes += len;
         p->e->tx_copied += len;
         if (m->ref) {

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "tb_clock.h"
 #include "tb_cm.h"
@@ -18,6 +19,7 @@
 #include "tb_eproto.h"
 #include "tb_log.h"
 #include "tb_shm_ring.h"
+#include "tb_topology.h"
 
 #define ENG_MAX_RANKS 64
 /* Connections accepted whose attach request has not arrived yet, and how
@@ -56,7 +58,22 @@ _Static_assert(ENG_DH_BURST >= TB_WIRE_ENGINE_MAX_DEVICES, "a burst for every ca
 enum {
     ENG_COOKIE_TX = 1,  /* a rank's record sent from its ring */
     ENG_COOKIE_MSG = 2, /* an eng_msg_t the engine owns */
+    ENG_COOKIE_RELAY = 3, /* an eng_msg_t forwarded for other hosts (its link: the peer it came from) */
 };
+
+/* Relaying (tb_engine_route.c).  A routed peer keeps at most this share of
+ * the credit window in flight, all its destination ranks together, so what a
+ * relay can be asked to hold stays a small multiple of it (ENG_RELAY_HOLD). */
+#define ENG_ROUTED_WINDOW_SHARE 4u
+/* What a relay holds for one neighbour, forwarded or waiting for the next
+ * hop, in routed windows per pair of hosts: every pair of hosts may route
+ * through one cable, and each keeps at most one routed window in flight. */
+#define ENG_RELAY_HOLD(e)                                                                \
+    ((uint64_t) (e)->topo->nhosts * (e)->topo->nhosts                               \
+     * ((e)->p.credit_window / ENG_ROUTED_WINDOW_SHARE + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
+/* Relayed messages that came before this host's ranks gave the job's table
+ * (they wait for it): at most this many bytes, then the neighbour is cut. */
+#define ENG_RELAY_EARLY (64u << 20)
 
 /* Bytes of a rank's ring, or of messages waiting for credit, that one pass
  * of the loop takes before it polls the devices again. */
@@ -225,6 +242,18 @@ struct eng_peer {
         uint32_t pid;
     } gone[ENG_MAX_RANKS];
     unsigned ngone;
+    /* A routed peer (an engine no cable of this host reaches): its messages
+     * go over via's channel behind relay[tag] (tb_engine_route.c); host is
+     * its index in the job's table, used_total what is in flight to it. */
+    eng_peer_t *via;
+    unsigned host;
+    uint64_t used_total;
+    tb_wire_erelay_t relay[TB_ETAG_UNREACH + 1];
+    /* A neighbour: messages forwarded through it that its channel had no
+     * room for, in order, and what this engine holds of what it relays for
+     * it (its queue here and elsewhere, and in channels). */
+    eng_msg_t *fwd_head, *fwd_tail;
+    uint64_t relay_held;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */
@@ -289,6 +318,20 @@ struct tb_engine {
     uint64_t last_detach_ns;
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;
+    /* The job's cabling, from the first table of hosts a rank gave
+     * (TB_EREC_HOSTS), and where each device of each host is called. */
+    tb_topo_t *topo;
+    tb_wire_ehost_t *hosts;
+    size_t nhost_entries;
+    unsigned me; /* this engine's index in topo */
+    tb_log_limit_t topo_warn;
+    /* Relayed messages that came before the table, as (peer, message). */
+    eng_msg_t *early_head, *early_tail;
+    uint64_t early_bytes;
+    uint64_t relayed_msgs, relayed_bytes; /* forwarded for other hosts */
+    /* The pairs of hosts it forwarded for (relayed_pairs[src], bit dst): told
+     * when the way between them through here is lost. */
+    uint64_t relayed_pairs[TB_TOPO_MAX_HOSTS];
 };
 
 /* A DATA message of plen payload bytes from p fits rank r's credit window at
@@ -366,7 +409,8 @@ int tb_eng_cm_peer_secret(void *ctx, const void *peer_id, size_t id_len, uint8_t
 /* The destination vpid behind p (made, for the rank in slot adder, if there is
  * room; adder -1: only if it is there). */
 eng_dst_t *tb_eng_dst_of(eng_peer_t *p, uint32_t vpid, int adder);
-/* A message of len payload bytes may go to d now. */
+/* A message of len payload bytes may go to d now (and, to a routed peer,
+ * within its total window). */
 bool tb_eng_credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len);
 /* r's message (header h, payload) waits for credit or the channel; 1 when it
  * stays in r's ring (its record is then consumed by a txq entry), 0 when the
@@ -378,6 +422,30 @@ int tb_eng_hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t
 void tb_eng_drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid);
 /* Send what waits for p as far as credit and the channel allow: how many. */
 int tb_eng_send_waiting(eng_peer_t *p);
+
+/* tb_engine_route.c: the job's cabling, routed peers, relaying. */
+/* A rank's table of hosts (TB_EREC_HOSTS): 0 taken or ignored (logged), -1
+ * malformed. */
+int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len);
+/* The routed peer for engine id (made if the table routes to it; NULL with
+ * *why when it does not). */
+eng_peer_t *tb_eng_routed_peer(tb_engine_t *e, const uint8_t *id, const char **why);
+/* Sends to p: on a routed peer, over its neighbour's channel ch behind the
+ * relay header.  As tb_channel_send_begin and tb_channel_sendv. */
+void *tb_eng_peer_send_begin(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, size_t len);
+int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct iovec *iov,
+                      int iovcnt, void *cookie);
+/* A RELAY message from neighbour p. */
+void tb_eng_relay_recv(eng_peer_t *p, const void *data, size_t len);
+/* Neighbour q failed: what waited to go through it is dropped, and the ends
+ * of what went through it are told (TB_ETAG_UNREACH). */
+void tb_eng_relay_lost(eng_peer_t *q, const char *why);
+/* A forwarded message's send completed (its cookie). */
+void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m);
+/* Routed peers follow their neighbour's state; forward queues drain. */
+int tb_eng_routes_progress(tb_engine_t *e);
+/* Everything relaying holds, freed (the engine ends). */
+void tb_eng_routes_destroy(tb_engine_t *e);
 
 /* tb_engine_peer.c: other engines. */
 /* p's channel once set up, or NULL. */

@@ -31,7 +31,7 @@ eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, boo
 
     for (unsigned i = 0; i < e->npeers; ++i) {
         p = e->peers[i];
-        if (p->dev == dev && 0 == memcmp(p->id, id, sizeof(p->id))) {
+        if (NULL == p->via && p->dev == dev && 0 == memcmp(p->id, id, sizeof(p->id))) {
             return p;
         }
     }
@@ -157,6 +157,9 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
     }
     tb_eng_drop_waiting(p, NULL, 0);
     drop_notices(p);
+    if (NULL == p->via) {
+        tb_eng_relay_lost(p, text);
+    }
     p->destroy = NULL != p->conn;
 }
 
@@ -182,7 +185,7 @@ int tb_eng_peer_make_conn(eng_peer_t *p)
     int rc;
 
     tb_tunables_channel_params(&p->e->p.tunables, &params);
-    params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t);
+    params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t) + sizeof(tb_wire_erelay_t);
     /* An engine always polls: a tenth of the peer timeout between keepalives
      * leaves ten chances, and an idle engine is not woken ten times a second
      * by its own and its peers' keepalives. */
@@ -203,8 +206,20 @@ int tb_eng_peer_make_conn(eng_peer_t *p)
 
 /* ---- control messages ---------------------------------------------------- */
 
+/* An engine-owned message m (tag and bytes) to p; m is the cookie. */
+static int peer_send(eng_peer_t *p, tb_channel_t *ch, eng_msg_t *m)
+{
+    struct iovec iov = {.iov_base = m->data, .iov_len = m->len};
+
+    return tb_eng_peer_sendv(p, ch, m->tag, &iov, 1, m);
+}
+
 tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
+    if (p->via) {
+        /* A routed peer's messages go over its first hop's channel. */
+        return ENG_PEER_CONNECTED == p->via->state ? tb_eng_peer_channel(p->via) : NULL;
+    }
     return p->conn ? tb_conn_channel(p->conn) : NULL;
 }
 
@@ -237,7 +252,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
     h.src_pid = tb_wire_le32(src_pid);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
-    slot = behind ? NULL : tb_channel_send_begin(ch, tag, sizeof(h) + tlen);
+    slot = behind ? NULL : tb_eng_peer_send_begin(p, ch, tag, sizeof(h) + tlen);
     if (slot) {
         memcpy(slot, &h, sizeof(h));
         if (tlen) {
@@ -253,7 +268,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
         }
         return false;
     }
-    if (!behind && TB_CHAN_OK == tb_channel_send(ch, tag, m->data, m->len, m)) {
+    if (!behind && TB_CHAN_OK == peer_send(p, ch, m)) {
         return true;
     }
     if (!keep) {
@@ -331,13 +346,14 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         }
         return 1;
     }
-    slot = tb_channel_send_begin(ch, TB_ETAG_DATA, sizeof(em) + h->len);
+    slot = tb_eng_peer_send_begin(p, ch, TB_ETAG_DATA, sizeof(em) + h->len);
     if (slot) {
         memcpy(slot, &em, sizeof(em));
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
         rc = tb_channel_send_commit(ch);
         if (TB_CHAN_OK == rc) {
             d->used += (uint32_t) tb_ecredit_cost(h->len);
+            p->used_total += tb_ecredit_cost(h->len);
             e->tx_bytes += h->len;
             e->tx_copied += h->len;
         }
@@ -350,7 +366,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     iov[0].iov_len = sizeof(t->hdr);
     iov[1].iov_base = (void *) payload;
     iov[1].iov_len = h->len;
-    rc = tb_channel_sendv(ch, TB_ETAG_DATA, iov, 2, t);
+    rc = tb_eng_peer_sendv(p, ch, TB_ETAG_DATA, iov, 2, t);
     if (TB_CHAN_EAGAIN == rc || TB_CHAN_ENOMEM == rc) {
         tb_eng_txq_pop_last(r);
         return 0;
@@ -360,6 +376,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         return 1;
     }
     d->used += (uint32_t) tb_ecredit_cost(h->len);
+    p->used_total += tb_ecredit_cost(h->len);
     /* The channel copies it into its send slots. */
     e->tx_bytes += h->len;
     e->tx_copied += h->len;
@@ -416,7 +433,7 @@ static int send_notices(eng_peer_t *p)
     int n = 0;
 
     while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->notice_head)) {
-        if (TB_CHAN_OK != tb_channel_send(ch, m->tag, m->data, m->len, m)) {
+        if (TB_CHAN_OK != peer_send(p, ch, m)) {
             break;
         }
         /* The channel's now: freed at its completion. */
@@ -468,7 +485,7 @@ static int return_credit(eng_peer_t *p)
 
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
 {
-    int n = 0;
+    int n = tb_eng_routes_progress(e);
 
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
@@ -517,6 +534,10 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     eng_dst_t *d;
     uint32_t src, dst;
 
+    if (TB_ETAG_RELAY == tag && NULL == p->via) {
+        tb_eng_relay_recv(p, data, len);
+        return;
+    }
     if (0 != tb_emsg_parse(tag, data, len, &h, &fault)) {
         snprintf(why, sizeof(why), "it sent %s", fault);
         peer_violation(p, fault, why);
@@ -566,7 +587,9 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     case TB_ETAG_CREDIT:
         if (NULL != (d = tb_eng_dst_of(p, dst, -1))) {
             uint32_t c = tb_wire_le32(h.credit);
-            d->used -= c < d->used ? c : d->used;
+            c = c < d->used ? c : d->used;
+            d->used -= c;
+            p->used_total -= c < p->used_total ? c : p->used_total;
             p->credit_changed = true;
         }
         return;
@@ -616,10 +639,11 @@ static void chan_send_done(void *ctx, void *cookie, int status)
 {
     int kind = *(int *) cookie;
 
-    (void) ctx;
     (void) status;
     if (ENG_COOKIE_TX == kind) {
         tb_eng_tx_done(cookie);
+    } else if (ENG_COOKIE_RELAY == kind) {
+        tb_eng_relay_done(((eng_peer_t *) ctx)->e, cookie);
     } else {
         free(cookie);
     }
@@ -710,11 +734,15 @@ void tb_eng_peers_close(tb_engine_t *e)
 
 void tb_eng_peers_destroy(tb_engine_t *e)
 {
+    /* Every channel first: what they cancel may name any peer (relayed). */
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        if (e->peers[i]->conn) {
+            tb_eng_peer_drop_conn(e->peers[i]);
+        }
+    }
+    tb_eng_routes_destroy(e);
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i];
-        if (p->conn) {
-            tb_eng_peer_drop_conn(p);
-        }
         tb_eng_drop_waiting(p, NULL, 0);
         drop_notices(p);
         tb_mem_wipe(p->pair_secret, sizeof(p->pair_secret));

@@ -6,6 +6,7 @@
 #include "tb_engine_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -214,8 +215,8 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         return -1;
     }
     memcpy(&rt, p, sizeof(rt));
-    if (rt.dev >= e->ndev || 0 != (rt.flags & ~TB_EROUTE_F_HOST) || rt.reserved[0]
-        || rt.reserved[1]) {
+    if (rt.dev >= e->ndev || 0 != (rt.flags & ~(TB_EROUTE_F_HOST | TB_EROUTE_F_ROUTED))
+        || rt.reserved[0] || rt.reserved[1]) {
         return -1;
     }
     if (rt.flags & TB_EROUTE_F_HOST) {
@@ -228,10 +229,24 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         r->routes[h->link] = ENG_ROUTE_LOCAL(rt.dev);
         return 0;
     }
-    if (0 == rt.ipv4 || 0 == rt.cm_port) {
+    if (rt.flags & TB_EROUTE_F_ROUTED) {
+        const char *why = NULL;
+        if (rt.ipv4 || rt.cm_port) {
+            return -1;
+        }
+        peer = r->nnamed < ENG_RANK_MAX_PEERS ? tb_eng_routed_peer(e, rt.engine_id, &why) : NULL;
+        if (NULL == peer) {
+            char text[200];
+            snprintf(text, sizeof(text), "it routes through other hosts to an engine it cannot "
+                     "reach: %s", why ? why : "it named more engines than one rank may");
+            tb_eng_rank_fail(r, text);
+            return 0;
+        }
+    } else if (0 == rt.ipv4 || 0 == rt.cm_port) {
         return -1;
+    } else {
+        peer = tb_eng_peer_for(e, rt.dev, rt.engine_id, r->nnamed < ENG_RANK_MAX_PEERS);
     }
-    peer = tb_eng_peer_for(e, rt.dev, rt.engine_id, r->nnamed < ENG_RANK_MAX_PEERS);
     if (NULL == peer) {
         tb_eng_rank_fail(r, r->nnamed < ENG_RANK_MAX_PEERS
                                 ? "too many engines to talk to"
@@ -248,9 +263,11 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         r->named[peer->idx / 8] |= (uint8_t) (1u << (peer->idx % 8));
         r->nnamed++;
     }
-    tb_eng_peer_learn(peer, &rt);
     r->routes[h->link] = (int16_t) peer->idx;
-    tb_eng_peer_dial(peer);
+    if (NULL == peer->via) {
+        tb_eng_peer_learn(peer, &rt);
+        tb_eng_peer_dial(peer);
+    }
     return 0;
 }
 
@@ -296,6 +313,9 @@ static int rank_record(eng_rank_t *r, const tb_wire_erec_t *h, const void *p, ui
         }
         set_job_key(r, p);
         rc = 0;
+        break;
+    case TB_EREC_HOSTS:
+        rc = tb_eng_topo_set(r->e, p, h->len);
         break;
     case TB_EREC_BYE:
         r->bye = true;

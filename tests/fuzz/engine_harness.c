@@ -3,6 +3,7 @@
  */
 #include "engine_harness.h"
 
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,30 @@ eng_peer_t *eh_peer(eng_harness_t *h, unsigned n)
         p->state = ENG_PEER_CONNECTED;
     }
     return p;
+}
+
+void eh_relay_table(eng_harness_t *h)
+{
+    /* host, dev, address: 10.0.2.0/30 joins this engine and peer 1,
+     * 10.0.1.0/30 peer 1 and peer 2 */
+    static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
+    static const uint32_t addr[4] = {0x0a000202, 0x0a000201, 0x0a000102, 0x0a000101};
+    tb_wire_ehost_t *ent = h->relay_table;
+
+    memset(h->relay_table, 0, sizeof(h->relay_table));
+    for (unsigned i = 0; i < 4; ++i) {
+        if (0 == host[i]) {
+            memcpy(ent[i].engine_id, h->e->id, sizeof(ent[i].engine_id));
+        } else {
+            memcpy(ent[i].engine_id, eh_peer(h, host[i])->id, sizeof(ent[i].engine_id));
+        }
+        ent[i].ipv4 = htonl(addr[i]);
+        ent[i].netmask = htonl(0xfffffffcu);
+        ent[i].cm_port = tb_wire_le16(4000);
+        ent[i].dev = (uint8_t) dev[i];
+    }
+    h->dev.ipv4.s_addr = htonl(addr[0]);
+    h->dev.netmask.s_addr = htonl(0xfffffffcu);
 }
 
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,

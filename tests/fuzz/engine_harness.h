@@ -26,6 +26,7 @@ typedef struct eng_harness {
     tb_shm_ring_t to_engine[EH_RANKS];   /* the ranks' side of their rings */
     tb_shm_ring_t from_engine[EH_RANKS];
     uint32_t last_pid; /* of the last record eh_rank_read counted */
+    tb_wire_ehost_t relay_table[4]; /* a job's table of hosts, for tests of relaying */
 } eng_harness_t;
 
 /* An engine with default parameters and ranks of vpids 0..EH_RANKS-1
@@ -35,6 +36,11 @@ void eh_fini(eng_harness_t *h);
 
 /* Peer engine n over the device, connected as far as the engine knows. */
 eng_peer_t *eh_peer(eng_harness_t *h, unsigned n);
+
+/* The job's table of hosts for a line of three, this engine - peer 1 -
+ * peer 2 (this engine is host 0, peer 1 host 1, peer 2 host 2), in
+ * h->relay_table; the harness's device gets its address on it. */
+void eh_relay_table(eng_harness_t *h);
 
 /* Rank i writes a record (0, or -1 when its ring is full); a SEND names the
  * pid the harness gave its destination, or another one unless right_pid. */

@@ -23,7 +23,7 @@
 
 static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
 {
-    static const uint8_t types[] = {TB_EREC_SEND, TB_EREC_ROUTE, TB_EREC_BYE, 0x7f};
+    static const uint8_t types[] = {TB_EREC_SEND, TB_EREC_ROUTE, TB_EREC_BYE, TB_EREC_HOSTS, 0x7f};
     unsigned i = fuzz_u8(in) % EH_RANKS;
     uint8_t type = types[fuzz_u8(in) % sizeof(types)];
     uint8_t tag = fuzz_u8(in);
@@ -43,14 +43,20 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
             memcpy(rt.engine_id, h->e->id, sizeof(rt.engine_id));
             break;
         case 1:
-            memcpy(rt.engine_id, eh_peer(h, 1)->id, sizeof(rt.engine_id));
+            memcpy(rt.engine_id, eh_peer(h, 1 + rt.reserved2 % 2)->id, sizeof(rt.engine_id));
             break;
         default:
             break;
         }
         rt.reserved3 = 0;
+        rt.reserved2 = 0;
         rt.dev %= 2;
         memcpy(buf, &rt, sizeof(rt));
+    } else if (TB_EREC_HOSTS == type && (fuzz_u8(in) & 1)) {
+        /* Mostly the job's true table, so that routes and relaying run. */
+        eh_relay_table(h);
+        len = sizeof(h->relay_table);
+        memcpy(buf, h->relay_table, len);
     } else {
         (void) fuzz_bytes(in, buf, len);
     }

@@ -393,7 +393,7 @@ START_TEST(local_routes_host_flag)
     ck_assert_int_eq(s1.tag[1], 6);
     ck_assert_uint_eq(s1.link[1], TB_ELINK_LOCAL | TB_ELINK_HOST);
 
-    rt.flags = 0x02;
+    rt.flags = 0x80;
     ck_assert_int_eq(tb_eclient_route(c0, 2, &rt), 0);
     progress_until(c0, &s0, heard_lost);
     ck_assert_msg(s0.lost, "the engine kept a rank that sent a route with an unknown flag");

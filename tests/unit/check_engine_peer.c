@@ -5,6 +5,7 @@
  */
 #include "tb_config.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -569,6 +570,129 @@ START_TEST(held_in_ring)
 }
 END_TEST
 
+/* The harness's line of three (eh_relay_table): its topology in t, and in
+ * *b peer 1, this engine's neighbour. */
+static void line_of_three(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
+{
+    tb_topo_host_t hosts[3];
+    const char *why = NULL;
+
+    eh_relay_table(h);
+    memset(hosts, 0, sizeof(hosts));
+    for (unsigned i = 0; i < 4; ++i) {
+        const tb_wire_ehost_t *x = &h->relay_table[i];
+        unsigned k = 0 == i ? 0 : 3 == i ? 2 : 1;
+        memcpy(hosts[k].id, x->engine_id, TB_TOPO_ID_SIZE);
+        hosts[k].dev[x->dev].ipv4 = x->ipv4;
+        hosts[k].dev[x->dev].netmask = x->netmask;
+        hosts[k].ndev = x->dev + 1u;
+    }
+    ck_assert_int_eq(tb_topo_build(t, hosts, 3, &why), 0);
+    *b = eh_peer(h, 1);
+}
+
+/* A relayed DATA message from host src to this engine (host 0) for rank 0,
+ * as b forwards it. */
+static void relay_from(eng_peer_t *b, unsigned src, uint32_t digest)
+{
+    uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 2];
+    tb_wire_erelay_t rh;
+    tb_wire_emsg_t m;
+
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16(0);
+    rh.tag = TB_ETAG_DATA;
+    rh.hops_left = 3;
+    memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32(100);
+    m.src_pid = tb_wire_le32(5000);
+    m.dst = tb_wire_le32(0);
+    m.dst_pid = tb_wire_le32(EH_PID(0));
+    m.tag = 9;
+    memcpy(buf, &rh, sizeof(rh));
+    memcpy(buf + sizeof(rh), &m, sizeof(m));
+    memcpy(buf + sizeof(rh) + sizeof(m), "hi", 2);
+    tb_eng_peer_recv(b, TB_ETAG_RELAY, buf, sizeof(buf));
+}
+
+/* Relayed messages reach the rank through a routed peer, those that came
+ * before the table once it comes; one that names another table cuts its
+ * neighbour off, and so does one claiming to come from this very host. */
+START_TEST(relayed_to_rank)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *a = NULL;
+    tb_topo_t t;
+    unsigned recv = 0;
+
+    (void) setup(&h);
+    line_of_three(&h, &b, &t);
+    relay_from(b, 2, t.digest);
+    eh_progress(&h);
+    ck_assert_uint_eq(eh_rank_read(&h, 0, 10, TB_EREC_RECV, &recv), 0);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    ck_assert_ptr_nonnull(h.e->topo);
+    ck_assert_uint_eq(h.e->me, 0);
+    relay_from(b, 2, t.digest);
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 0, 10, TB_EREC_RECV, &recv);
+    ck_assert_uint_eq(recv, 2);
+    for (unsigned i = 0; i < h.e->npeers; ++i) {
+        if (h.e->peers[i]->via == b) {
+            a = h.e->peers[i];
+        }
+    }
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->host, 2);
+    ck_assert_ptr_null(eh_check(&h));
+    /* A second table that differs is ignored. */
+    h.relay_table[0].ipv4 ^= htonl(1);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    ck_assert_uint_eq(h.e->topo->digest, t.digest);
+    relay_from(b, 0, t.digest);
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+START_TEST(relay_other_table)
+{
+    eng_harness_t h;
+    eng_peer_t *b;
+    tb_topo_t t;
+
+    (void) setup(&h);
+    line_of_three(&h, &b, &t);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    relay_from(b, 2, t.digest ^ 1);
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A malformed table is refused; one that does not show this engine's device
+ * as it is, ignored. */
+START_TEST(relay_table_checked)
+{
+    eng_harness_t h;
+    eng_peer_t *b;
+    tb_topo_t t;
+
+    (void) setup(&h);
+    line_of_three(&h, &b, &t);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table) - 1), -1);
+    h.relay_table[0].dev = 1; /* its only device numbered 1 */
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), -1);
+    h.relay_table[0].dev = 0;
+    h.dev.ipv4.s_addr ^= htonl(1);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    ck_assert_ptr_null(h.e->topo);
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -589,6 +713,9 @@ int main(void)
     tcase_add_test(tc, place_refused);
     tcase_add_test(tc, placed_released);
     tcase_add_test(tc, held_in_ring);
+    tcase_add_test(tc, relayed_to_rank);
+    tcase_add_test(tc, relay_other_table);
+    tcase_add_test(tc, relay_table_checked);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

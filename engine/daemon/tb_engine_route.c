@@ -1,0 +1,630 @@
+/*
+ * tbrdma host engine, daemon: routes to hosts no cable of this host reaches,
+ * and relaying for other hosts.
+ *
+ * The ranks give their engine the job's table of hosts (TB_EREC_HOSTS, from
+ * the modex, alike on every host); common/tb_topology.h turns it into the
+ * cabling and its shortest routes, the same on every engine.  A rank that
+ * sends to a host no cable reaches names that host's engine in a routed
+ * route: the engine makes a routed peer, an eng_peer_t with no channel of its
+ * own, whose messages go over the channel to the next host on the route
+ * behind a relay header (TB_ETAG_RELAY).  Everything else about a peer
+ * (credit per destination rank, GONE, notices) holds end to end between the
+ * two engines, so order between two ranks holds as on one channel: one route,
+ * each hop in order.
+ *
+ * A relay forwards what is not for it to the next hop, copied into that
+ * channel, or held in order while the channel has no room.  It never refuses
+ * and never waits on anyone to take a message, so relays cannot wait on each
+ * other round a ring (no cycle of buffers): what it can be asked to hold is
+ * bounded at the source, where a routed peer keeps at most a share of the
+ * credit window in flight (ENG_ROUTED_WINDOW_SHARE), and enforced here per
+ * neighbour (ENG_RELAY_HOLD).
+ *
+ * Who sent a relayed message: its neighbour is authenticated by the
+ * channel, and a message naming source host s is taken only from the
+ * neighbour that s's route reaches this engine through.  A relay is trusted
+ * with what it carries, as a router is, and can pass for no host whose route
+ * does not run through it.
+ *
+ * When a relay loses the next hop, it tells the sources of what it carried
+ * that way (TB_ETAG_UNREACH), and their ranks fail the endpoints concerned,
+ * as for a cable of their own: no rank waits for a message that cannot come.
+ */
+#include "tb_engine_int.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "tb_log.h"
+
+/* ---- the job's table ----------------------------------------------------- */
+
+static void log_routes(tb_engine_t *e)
+{
+    const tb_topo_t *t = e->topo;
+
+    TB_INFO("the job's cabling: %u hosts; this engine is host %u", t->nhosts, e->me);
+    for (unsigned h = 0; h < t->nhosts; ++h) {
+        unsigned dev;
+        int next = h == e->me ? -1 : tb_topo_next_hop(t, e->me, h, &dev);
+        if (h == e->me) {
+            continue;
+        }
+        if (next < 0) {
+            TB_INFO("host %u (engine %02x%02x%02x%02x): no route", h, t->host[h].id[0],
+                    t->host[h].id[1], t->host[h].id[2], t->host[h].id[3]);
+        } else {
+            TB_INFO("host %u (engine %02x%02x%02x%02x): %u hop%s, first to host %d over %s", h,
+                    t->host[h].id[0], t->host[h].id[1], t->host[h].id[2], t->host[h].id[3],
+                    t->dist[e->me][h], t->dist[e->me][h] == 1 ? "" : "s", next,
+                    e->devs[dev].dev->name);
+        }
+    }
+}
+
+/* The table's hosts from its entries: sorted by id, a host's devs counting
+ * from 0 (tb_wire_ehost_t); -1 when they are not. */
+static int table_hosts(const tb_wire_ehost_t *x, size_t n, tb_topo_host_t *hosts,
+                       unsigned *nhosts)
+{
+    unsigned nh = 0;
+
+    for (size_t i = 0; i < n; ++i) {
+        tb_wire_ehost_t ent;
+        tb_topo_host_t *h;
+        memcpy(&ent, &x[i], sizeof(ent));
+        for (unsigned k = 0; k < sizeof(ent.reserved); ++k) {
+            if (ent.reserved[k]) {
+                return -1;
+            }
+        }
+        if (0 == nh || 0 != memcmp(hosts[nh - 1].id, ent.engine_id, TB_TOPO_ID_SIZE)) {
+            if (nh == TB_TOPO_MAX_HOSTS) {
+                return -1;
+            }
+            memcpy(hosts[nh++].id, ent.engine_id, TB_TOPO_ID_SIZE);
+        }
+        h = &hosts[nh - 1];
+        if (ent.dev != h->ndev || h->ndev == TB_TOPO_MAX_DEVS) {
+            return -1;
+        }
+        h->dev[h->ndev].ipv4 = ent.ipv4;
+        h->dev[h->ndev].netmask = ent.netmask;
+        h->ndev++;
+    }
+    *nhosts = nh;
+    return 0;
+}
+
+/* The table describes this engine's devices as they are. */
+static bool table_has_me(const tb_engine_t *e, const tb_topo_t *t, int me)
+{
+    if (me < 0 || t->host[me].ndev != e->ndev) {
+        return false;
+    }
+    for (unsigned d = 0; d < e->ndev; ++d) {
+        if (t->host[me].dev[d].ipv4 != e->devs[d].dev->ipv4.s_addr
+            || t->host[me].dev[d].netmask != e->devs[d].dev->netmask.s_addr) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
+{
+    size_t n = len / sizeof(tb_wire_ehost_t);
+    tb_topo_host_t *hosts = NULL;
+    tb_topo_t *t = NULL;
+    const char *why = NULL;
+    eng_msg_t *m;
+    unsigned nh = 0;
+    int me, rc = -1;
+
+    if (0 == len || 0 != len % sizeof(tb_wire_ehost_t)
+        || n > (size_t) TB_TOPO_MAX_HOSTS * TB_TOPO_MAX_DEVS) {
+        return -1;
+    }
+    if (e->topo) {
+        /* Every rank gives it; the first is kept. */
+        if (n != e->nhost_entries || 0 != memcmp(e->hosts, payload, len)) {
+            tb_log_limited(&e->topo_warn, tb_now_ns(), TB_LOG_WARN,
+                           "a rank gave another table of the job's hosts than the first rank "
+                           "did; keeping the first");
+        }
+        return 0;
+    }
+    hosts = calloc(TB_TOPO_MAX_HOSTS, sizeof(*hosts));
+    t = calloc(1, sizeof(*t));
+    if (NULL == hosts || NULL == t) {
+        TB_WARN("out of memory for the job's table of hosts: no routes through other hosts");
+        rc = 0;
+        goto out;
+    }
+    if (0 != table_hosts(payload, n, hosts, &nh) || 0 != tb_topo_build(t, hosts, nh, &why)) {
+        goto out;
+    }
+    me = tb_topo_find(t, e->id);
+    if (!table_has_me(e, t, me)) {
+        tb_log_limited(&e->topo_warn, tb_now_ns(), TB_LOG_WARN,
+                       "a rank gave a table of the job's hosts that does not show this engine's "
+                       "devices as they are; ignored");
+        rc = 0;
+        goto out;
+    }
+    e->hosts = malloc(len);
+    if (NULL == e->hosts) {
+        rc = 0;
+        goto out;
+    }
+    memcpy(e->hosts, payload, len);
+    e->nhost_entries = n;
+    e->topo = t;
+    e->me = (unsigned) me;
+    t = NULL;
+    log_routes(e);
+    /* What was relayed to this engine before it knew the routes, in order. */
+    while ((m = e->early_head)) {
+        e->early_head = m->next;
+        if (NULL == e->early_head) {
+            e->early_tail = NULL;
+        }
+        e->early_bytes -= ENG_MSG_COST(m->len);
+        tb_eng_relay_recv(e->peers[m->link], m->data, m->len);
+        free(m);
+    }
+    rc = 0;
+out:
+    free(hosts);
+    free(t);
+    return rc;
+}
+
+/* ---- peers along routes -------------------------------------------------- */
+
+/* The neighbour engine of host h over this engine's device dev, made and
+ * dialled if need be (its address from the table). */
+static eng_peer_t *neighbour(tb_engine_t *e, unsigned h, unsigned dev)
+{
+    const tb_topo_t *t = e->topo;
+    eng_peer_t *q = tb_eng_peer_for(e, dev, t->host[h].id, true);
+    unsigned far = t->peer_dev[e->me][dev];
+
+    if (NULL == q) {
+        return NULL;
+    }
+    if (!q->known) {
+        for (size_t i = 0; i < e->nhost_entries; ++i) {
+            const tb_wire_ehost_t *x = &e->hosts[i];
+            if (0 == memcmp(x->engine_id, t->host[h].id, TB_TOPO_ID_SIZE) && x->dev == far) {
+                tb_wire_eroute_t rt;
+                memset(&rt, 0, sizeof(rt));
+                rt.ipv4 = x->ipv4;
+                rt.cm_port = x->cm_port;
+                memcpy(rt.gid, x->gid, sizeof(rt.gid));
+                tb_eng_peer_learn(q, &rt);
+                break;
+            }
+        }
+    }
+    tb_eng_peer_dial(q);
+    return q;
+}
+
+static eng_peer_t *routed_find(tb_engine_t *e, unsigned h)
+{
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        if (e->peers[i]->via && e->peers[i]->host == h) {
+            return e->peers[i];
+        }
+    }
+    return NULL;
+}
+
+static eng_peer_t *routed_make(tb_engine_t *e, unsigned h, const char **why)
+{
+    const tb_topo_t *t = e->topo;
+    eng_peer_t *p = routed_find(e, h), *via;
+    unsigned dev;
+    int next;
+
+    if (p) {
+        return p;
+    }
+    next = tb_topo_next_hop(t, e->me, h, &dev);
+    if (next < 0) {
+        *why = "the job's cabling has no route to it";
+        return NULL;
+    }
+    via = neighbour(e, (unsigned) next, dev);
+    if (NULL == via || e->npeers == ENG_MAX_PEERS || NULL == (p = calloc(1, sizeof(*p)))) {
+        *why = "too many engines to talk to";
+        return NULL;
+    }
+    p->e = e;
+    p->idx = e->npeers;
+    p->dev = dev;
+    memcpy(p->id, t->host[h].id, sizeof(p->id));
+    p->via = via;
+    p->host = h;
+    p->state = ENG_PEER_CONNECTING;
+    for (unsigned tag = TB_ETAG_DATA; tag <= TB_ETAG_UNREACH; ++tag) {
+        p->relay[tag].digest = tb_wire_le32(t->digest);
+        p->relay[tag].src_host = tb_wire_le16((uint16_t) e->me);
+        p->relay[tag].dst_host = tb_wire_le16((uint16_t) h);
+        p->relay[tag].tag = (uint8_t) tag;
+        p->relay[tag].hops_left = (uint8_t) t->nhosts;
+    }
+    e->peers[e->npeers++] = p;
+    TB_INFO("routed to engine %02x%02x%02x%02x (host %u): %u hops, through engine "
+            "%02x%02x%02x%02x over %s",
+            p->id[0], p->id[1], p->id[2], p->id[3], h, t->dist[e->me][h], via->id[0], via->id[1],
+            via->id[2], via->id[3], e->devs[dev].dev->name);
+    return p;
+}
+
+eng_peer_t *tb_eng_routed_peer(tb_engine_t *e, const uint8_t *id, const char **why)
+{
+    int h;
+
+    if (NULL == e->topo) {
+        *why = "no rank gave the job's table of hosts";
+        return NULL;
+    }
+    h = tb_topo_find(e->topo, id);
+    if (h < 0 || (unsigned) h == e->me) {
+        *why = h < 0 ? "that engine is not in the job's table of hosts" : "it is this engine";
+        return NULL;
+    }
+    return routed_make(e, (unsigned) h, why);
+}
+
+/* ---- sending to a routed peer --------------------------------------------- */
+
+void *tb_eng_peer_send_begin(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, size_t len)
+{
+    uint8_t *slot;
+
+    if (NULL == p->via) {
+        return tb_channel_send_begin(ch, tag, len);
+    }
+    slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, sizeof(tb_wire_erelay_t) + len);
+    if (NULL == slot) {
+        return NULL;
+    }
+    memcpy(slot, &p->relay[tag], sizeof(tb_wire_erelay_t));
+    return slot + sizeof(tb_wire_erelay_t);
+}
+
+int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct iovec *iov,
+                      int iovcnt, void *cookie)
+{
+    struct iovec v[4];
+
+    if (NULL == p->via) {
+        return tb_channel_sendv(ch, tag, iov, iovcnt, cookie);
+    }
+    if (iovcnt < 0 || iovcnt > 3) {
+        return TB_CHAN_EINVAL;
+    }
+    /* The header lives as long as the peer, so as long as the send. */
+    v[0].iov_base = &p->relay[tag];
+    v[0].iov_len = sizeof(tb_wire_erelay_t);
+    memcpy(&v[1], iov, (size_t) iovcnt * sizeof(*iov));
+    return tb_channel_sendv(ch, TB_ETAG_RELAY, v, iovcnt + 1, cookie);
+}
+
+/* ---- relaying -------------------------------------------------------------- */
+
+static void relay_violation(eng_peer_t *n, const char *fault, const char *why)
+{
+    if (n->conn) {
+        tb_channel_abort(tb_conn_channel(n->conn), TB_CHAN_EPROTO, fault);
+    }
+    tb_eng_peer_fail(n, TB_CHAN_EPROTO, why);
+}
+
+static void fwd_drop(eng_peer_t *q)
+{
+    eng_msg_t *m;
+
+    while ((m = q->fwd_head)) {
+        q->fwd_head = m->next;
+        tb_eng_relay_done(q->e, m);
+    }
+    q->fwd_tail = NULL;
+}
+
+void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m)
+{
+    if (m->link < e->npeers) {
+        eng_peer_t *from = e->peers[m->link];
+        from->relay_held -= ENG_MSG_COST(m->len) < from->relay_held ? ENG_MSG_COST(m->len)
+                                                                     : from->relay_held;
+    }
+    free(m);
+}
+
+/* Send the queue of neighbour q as far as its channel takes it. */
+static int fwd_drain(eng_peer_t *q)
+{
+    tb_channel_t *ch = tb_eng_peer_channel(q);
+    eng_msg_t *m;
+    size_t taken = 0;
+    int n = 0;
+
+    while (NULL != ch && ENG_PEER_CONNECTED == q->state && NULL != (m = q->fwd_head)
+           && taken < ENG_TX_SHARE) {
+        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
+            break;
+        }
+        q->fwd_head = m->next;
+        if (NULL == q->fwd_head) {
+            q->fwd_tail = NULL;
+        }
+        taken += m->len;
+        ++n;
+    }
+    return n;
+}
+
+/* Send a relayed message (header rh, then blen bytes of body) on toward
+ * host dst; from: the neighbour it came from (NULL: this engine's own).  Its
+ * bytes are copied: they lie in a receive buffer the channel reuses. */
+static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, const void *body,
+                      size_t blen, eng_peer_t *from)
+{
+    unsigned dev;
+    int next = tb_topo_next_hop(e->topo, e->me, dst, &dev);
+    eng_peer_t *q = next < 0 ? NULL : neighbour(e, (unsigned) next, dev);
+    tb_channel_t *ch = q ? tb_eng_peer_channel(q) : NULL;
+    uint8_t *slot;
+    eng_msg_t *m;
+
+    if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state) {
+        return; /* the sources hear it from tb_eng_relay_lost */
+    }
+    if (NULL == q->fwd_head && ENG_PEER_CONNECTED == q->state && ch
+        && NULL != (slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, sizeof(*rh) + blen))) {
+        memcpy(slot, rh, sizeof(*rh));
+        memcpy(slot + sizeof(*rh), body, blen);
+        (void) tb_channel_send_commit(ch);
+        return;
+    }
+    m = tb_eng_msg_new(0, TB_ETAG_RELAY, 0, 0, rh, sizeof(*rh), body, blen);
+    if (NULL == m) {
+        TB_WARN("out of memory relaying a message: the route through this host fails");
+        tb_eng_peer_fail(q, TB_CHAN_ENOMEM, "out of memory relaying a message");
+        return;
+    }
+    m->kind = ENG_COOKIE_RELAY;
+    m->link = (uint16_t) (from ? from->idx : ENG_MAX_PEERS);
+    if (from) {
+        from->relay_held += ENG_MSG_COST(m->len);
+    }
+    tb_eng_msg_append(&q->fwd_head, &q->fwd_tail, m);
+    (void) fwd_drain(q);
+}
+
+/* Tell host to that this engine cannot reach host lost, once per pair. */
+static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char *why)
+{
+    struct {
+        tb_wire_eunreach_t u;
+        char why[160];
+    } __attribute__((packed)) body;
+    size_t wlen = strlen(why) < sizeof(body.why) ? strlen(why) : sizeof(body.why);
+    tb_wire_erelay_t rh;
+
+    memset(&rh, 0, sizeof(rh));
+    memset(&body, 0, sizeof(body));
+    rh.digest = tb_wire_le32(e->topo->digest);
+    rh.src_host = tb_wire_le16((uint16_t) e->me);
+    rh.dst_host = tb_wire_le16((uint16_t) to);
+    rh.tag = TB_ETAG_UNREACH;
+    rh.hops_left = (uint8_t) e->topo->nhosts;
+    body.u.host = tb_wire_le16((uint16_t) lost);
+    memcpy(body.why, why, wlen);
+    relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
+}
+
+void tb_eng_relay_lost(eng_peer_t *q, const char *why)
+{
+    tb_engine_t *e = q->e;
+    int qh;
+
+    fwd_drop(q);
+    if (NULL == e->topo || (qh = tb_topo_find(e->topo, q->id)) < 0) {
+        return;
+    }
+    /* Both ends of every pair this engine carried across q: each end waits
+     * for the other otherwise.  An end behind q itself hears it from its own
+     * side of the cable, or not at all if it is gone. */
+    for (unsigned s = 0; s < e->topo->nhosts; ++s) {
+        for (unsigned d = 0; d < e->topo->nhosts; ++d) {
+            unsigned dev;
+            if (!(e->relayed_pairs[s] & (1ull << d))
+                || tb_topo_next_hop(e->topo, e->me, d, &dev) != qh) {
+                continue;
+            }
+            e->relayed_pairs[s] &= ~(1ull << d);
+            send_unreach(e, s, d, why);
+            if (tb_topo_next_hop(e->topo, e->me, s, &dev) != qh) {
+                send_unreach(e, d, s, why);
+            }
+        }
+    }
+}
+
+/* The message came from neighbour n, the last hop of src's route to here. */
+static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh)
+{
+    unsigned at = src, prev = src, dev;
+    int next;
+
+    while (at != e->me && at != dst) {
+        next = tb_topo_next_hop(e->topo, at, dst, &dev);
+        if (next < 0) {
+            return false;
+        }
+        prev = at;
+        at = (unsigned) next;
+    }
+    return at == e->me && (int) prev == nh;
+}
+
+/* A message for this engine, from host src. */
+static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8_t *body,
+                          size_t blen)
+{
+    tb_engine_t *e = n->e;
+    unsigned src = tb_wire_le16(rh->src_host);
+    const char *why = NULL;
+    tb_wire_eunreach_t u;
+    eng_peer_t *p;
+    char text[200];
+
+    if (TB_ETAG_UNREACH == rh->tag) {
+        if (blen < sizeof(u)) {
+            relay_violation(n, "malformed relay notice", "it relayed a malformed notice");
+            return;
+        }
+        memcpy(&u, body, sizeof(u));
+        p = routed_find(e, tb_wire_le16(u.host));
+        if (p) {
+            snprintf(text, sizeof(text), "the route to it is cut at host %u: %.*s", src,
+                     (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
+                     (const char *) body + sizeof(u));
+            tb_eng_peer_fail(p, TB_CHAN_ELINK, text);
+        }
+        return;
+    }
+    p = routed_make(e, src, &why);
+    if (NULL == p) {
+        tb_log_limited(&e->topo_warn, tb_now_ns(), TB_LOG_WARN,
+                       "dropped a message relayed from host %u: %s", src, why);
+        return;
+    }
+    tb_eng_peer_recv(p, rh->tag, body, blen);
+}
+
+void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
+{
+    tb_engine_t *e = n->e;
+    tb_wire_erelay_t rh;
+    unsigned src, dst;
+    int nh;
+
+    if (len < sizeof(rh)) {
+        relay_violation(n, "short relay", "it relayed a message shorter than its header");
+        return;
+    }
+    memcpy(&rh, data, sizeof(rh));
+    if (NULL == e->topo) {
+        /* This host's ranks have not given the table yet (they are still
+         * starting): the message waits for it. */
+        eng_msg_t *m;
+        if (e->early_bytes + ENG_MSG_COST(len) > ENG_RELAY_EARLY
+            || NULL == (m = tb_eng_msg_new(0, TB_ETAG_RELAY, (uint16_t) n->idx, 0, data, len,
+                                           NULL, 0))) {
+            relay_violation(n, "relayed too early",
+                            "it relayed more than this engine holds before its ranks give the "
+                            "job's table of hosts");
+            return;
+        }
+        e->early_bytes += ENG_MSG_COST(len);
+        tb_eng_msg_append(&e->early_head, &e->early_tail, m);
+        return;
+    }
+    src = tb_wire_le16(rh.src_host);
+    dst = tb_wire_le16(rh.dst_host);
+    nh = tb_topo_find(e->topo, n->id);
+    for (unsigned k = 0; k < sizeof(rh.reserved); ++k) {
+        if (rh.reserved[k]) {
+            relay_violation(n, "relay reserved", "it relayed a header with reserved bytes set");
+            return;
+        }
+    }
+    if (tb_wire_le32(rh.digest) != e->topo->digest) {
+        relay_violation(n, "relay table",
+                        "it relays by another table of the job's hosts (btl_tbrdma "
+                        "parameters or devices differ between hosts?)");
+        return;
+    }
+    if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
+        || rh.tag < TB_ETAG_DATA || rh.tag > TB_ETAG_UNREACH || TB_ETAG_RELAY == rh.tag
+        || !came_by_route(e, src, dst, nh)) {
+        relay_violation(n, "relay route",
+                        "it relayed a message whose route does not come through it");
+        return;
+    }
+    if (dst == e->me) {
+        relay_arrived(n, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh));
+        return;
+    }
+    if (0 == rh.hops_left) {
+        relay_violation(n, "relay loop", "it relayed a message that went round too many hosts");
+        return;
+    }
+    if (n->relay_held + ENG_MSG_COST(len) > ENG_RELAY_HOLD(e)) {
+        relay_violation(n, "relay bound",
+                        "it relayed more through this engine than the routed credit allows");
+        return;
+    }
+    e->relayed_msgs++;
+    e->relayed_bytes += len - sizeof(rh);
+    e->relayed_pairs[src] |= 1ull << dst;
+    rh.hops_left--;
+    relay_out(e, dst, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh), n);
+}
+
+int tb_eng_routes_progress(tb_engine_t *e)
+{
+    int n = 0;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        eng_peer_t *p = e->peers[i], *via = p->via;
+        char why[160];
+        if (NULL == via) {
+            n += p->fwd_head ? fwd_drain(p) : 0;
+            continue;
+        }
+        if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state) {
+            p->state = ENG_PEER_CONNECTED;
+            p->credit_changed = true;
+            p->ret_pending = true;
+            ++n;
+        } else if ((ENG_PEER_FAILED == via->state || ENG_PEER_CLOSED == via->state)
+                   && (ENG_PEER_CONNECTING == p->state || ENG_PEER_CONNECTED == p->state)) {
+            snprintf(why, sizeof(why), "its route's first hop, engine %02x%02x%02x%02x over %s, "
+                     "failed", via->id[0], via->id[1], via->id[2], via->id[3],
+                     e->devs[via->dev].dev->name);
+            tb_eng_peer_fail(p, ENG_PEER_CLOSED == via->state ? TB_CHAN_ECLOSED : TB_CHAN_ELINK,
+                             why);
+            ++n;
+        }
+    }
+    return n;
+}
+
+void tb_eng_routes_destroy(tb_engine_t *e)
+{
+    eng_msg_t *m;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        fwd_drop(e->peers[i]);
+    }
+    while ((m = e->early_head)) {
+        e->early_head = m->next;
+        free(m);
+    }
+    e->early_tail = NULL;
+    free(e->topo);
+    free(e->hosts);
+    e->topo = NULL;
+    e->hosts = NULL;
+}
