@@ -86,6 +86,8 @@ struct mca_btl_base_endpoint_t {
     uint8_t peer_engine[TB_WIRE_ENGINE_ID_SIZE];
     uint32_t peer_pid; /* the peer as its engine sees it (its modex entry) */
     bool loop; /* this process itself (btl_tbrdma_loop.c) */
+    bool routed; /* through the host module, relayed by the engines of other hosts
+                  * (btl_tbrdma_route.c): device is the first hop's */
     unsigned rma_split; /* its puts and gets split over several cables, not all answered
                          * (btl_tbrdma_stripe.c): a flush waits for them too */
     bool split_said;    /* the split was logged */
@@ -180,6 +182,11 @@ typedef struct mca_btl_tbrdma_component_t {
     uint32_t engine_pid_of_me; /* this process as the engine saw it attach */
     bool engine_key_sent;
     unsigned next_route;
+    /* The job's cabling as the engines route over it (btl_tbrdma_route.c),
+     * and whether the engine was given its table. */
+    struct tb_topo *topo;
+    int topo_me;
+    bool hosts_sent;
     /* Sends through the engine are complete once in the ring; ob1 hears it
      * from progress. */
     struct tbrdma_completion {
@@ -413,6 +420,14 @@ int mca_btl_tbrdma_engine_start(char *err, size_t errlen);
 void mca_btl_tbrdma_engine_stop(void);
 uint16_t mca_btl_tbrdma_engine_port(int index);
 int mca_btl_tbrdma_engine_send_job_key(void);
+
+/* btl_tbrdma_route.c: hosts reached through other hosts' engines.  init
+ * gives the engine the job's table of hosts (once; OPAL_ERR_OUT_OF_RESOURCE:
+ * its ring was full, try again); find: the route to the host of engine_id
+ * (0, with the first hop's device and the hops), or -1. */
+int mca_btl_tbrdma_route_init(void);
+int mca_btl_tbrdma_route_find(const uint8_t *engine_id, int *first_dev, unsigned *hops);
+void mca_btl_tbrdma_route_fini(void);
 int mca_btl_tbrdma_engine_progress(uint64_t now);
 /* The endpoint goes away: its sends complete now, canceled. */
 void mca_btl_tbrdma_engine_forget(mca_btl_base_endpoint_t *endpoint);

@@ -171,6 +171,7 @@ void mca_btl_tbrdma_engine_stop(void)
 
     tb_eclient_detach(c->engine);
     c->engine = NULL;
+    mca_btl_tbrdma_route_fini();
     free(c->completions);
     c->completions = NULL;
     c->ncompletions = c->completions_cap = 0;
@@ -229,12 +230,22 @@ static int ensure_route(mca_btl_base_endpoint_t *ep)
             return rc;
         }
     }
+    if (ep->routed && !c->hosts_sent) {
+        rc = mca_btl_tbrdma_route_init();
+        if (OPAL_SUCCESS != rc) {
+            return rc;
+        }
+    }
     memset(&rt, 0, sizeof(rt));
     rt.dev = (uint8_t) (ep->device - c->devices.devices);
     rt.flags = ep->module->host ? TB_EROUTE_F_HOST : 0;
-    rt.ipv4 = ep->peer_ipv4.s_addr;
-    rt.cm_port = tb_wire_le16(ep->peer_cm_port);
-    memcpy(rt.gid, ep->peer_gid, sizeof(rt.gid));
+    if (ep->routed) {
+        rt.flags |= TB_EROUTE_F_ROUTED;
+    } else {
+        rt.ipv4 = ep->peer_ipv4.s_addr;
+        rt.cm_port = tb_wire_le16(ep->peer_cm_port);
+        memcpy(rt.gid, ep->peer_gid, sizeof(rt.gid));
+    }
     memcpy(rt.engine_id, ep->peer_engine, sizeof(rt.engine_id));
     rc = tb_eclient_route(c->engine, ep->route, &rt);
     if (0 != rc) {

@@ -39,6 +39,32 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_find_endpoint(mca_btl_tbrdma_modu
     return ep;
 }
 
+/* A peer no cable reaches, on a host a route through other hosts reaches:
+ * the engines relay (btl_tbrdma_route.c). */
+static mca_btl_base_endpoint_t *routed_endpoint(mca_btl_tbrdma_module_t *module, opal_proc_t *proc,
+                                                const tb_wire_modex_t *mx)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    mca_btl_base_endpoint_t *ep;
+    unsigned hops;
+    int dev;
+
+    if (0 != mca_btl_tbrdma_route_find(mx->engine_id, &dev, &hops)) {
+        return NULL;
+    }
+    ep = mca_btl_tbrdma_endpoint_create(module, &c->devices.devices[dev], proc, mx,
+                                        &mx->devices[0]);
+    if (NULL == ep) {
+        return NULL;
+    }
+    ep->routed = true;
+    BTL_TBRDMA_VERBOSE(20, "host module on %s reaches %s through the host engines, relayed: "
+                       "%u hops, the first over %s",
+                       opal_process_info.nodename, opal_get_proc_hostname(proc), hops,
+                       c->devices.devices[dev].name);
+    return ep;
+}
+
 mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_module_t *module,
                                                             opal_proc_t *proc)
 {
@@ -74,6 +100,14 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     } else {
         opal_output(0, "btl:tbrdma on %s: ignoring the tbrdma entry of %s: %s",
                     opal_process_info.nodename, opal_get_proc_hostname(proc), why);
+    }
+    if (dev < 0 && NULL == why && module->host && c->use_engine
+        && !OPAL_PROC_ON_LOCAL_NODE(proc->proc_flags) && mx->ndevices > 0) {
+        ep = routed_endpoint(module, proc, mx);
+        if (ep) {
+            free(mx);
+            return ep;
+        }
     }
     if (dev < 0) {
         free(mx);
@@ -112,6 +146,9 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
     mca_btl_tbrdma_lock();
     if (c->use_engine && !c->engine_key_sent) {
         (void) mca_btl_tbrdma_engine_send_job_key();
+    }
+    if (c->use_engine) {
+        (void) mca_btl_tbrdma_route_init();
     }
     mca_btl_tbrdma_cable_probe_procs(procs, nprocs);
     for (i = 0; i < nprocs; ++i) {
