@@ -581,51 +581,60 @@ static int compare_strings(const void *a, const void *b)
     return strcmp(*(char *const *) a, *(char *const *) b);
 }
 
-/* The most processes of this job on one host, from the launcher's map of
- * the job, which every process reads alike; 0 if the runtime does not say. */
-static int max_procs_per_host(void)
+/* The job's shape from the launcher's map, which every process reads alike:
+ * how many hosts, and the most processes on one.  False if the runtime does
+ * not say. */
+static bool job_shape(int *nhosts, int *most)
 {
     uint32_t size = tbrdma_compat_job_size();
     char **hosts;
-    int most = 0, run = 0;
+    bool known = true;
+    int run = 0;
 
+    *nhosts = *most = 0;
     if (0 == size || size > (1u << 20) || NULL == (hosts = calloc(size, sizeof(*hosts)))) {
-        return 0;
+        return false;
     }
     for (uint32_t v = 0; v < size; ++v) {
         hosts[v] = tbrdma_compat_hostname(v);
         if (NULL == hosts[v]) {
             size = v;
-            most = -1;
+            known = false;
             break;
         }
     }
-    if (0 == most) {
+    if (known) {
         qsort(hosts, size, sizeof(*hosts), compare_strings);
         for (uint32_t v = 0; v < size; ++v) {
-            run = (v > 0 && 0 == strcmp(hosts[v], hosts[v - 1])) ? run + 1 : 1;
-            most = run > most ? run : most;
+            bool same = v > 0 && 0 == strcmp(hosts[v], hosts[v - 1]);
+            run = same ? run + 1 : 1;
+            *nhosts += !same;
+            *most = run > *most ? run : *most;
         }
     }
     for (uint32_t v = 0; v < size; ++v) {
         free(hosts[v]);
     }
     free(hosts);
-    return most > 0 ? most : 0;
+    return known && *nhosts > 0;
 }
 
 /* btl_tbrdma_path auto: one answer for the whole job, so that no pair of
- * processes ends with one on each path.  The direct path needs every host's
- * processes within its cables' queue-pair budget (two per host); anything
- * else, or a runtime that does not say, takes the engines. */
+ * processes ends with one on each path, from what every process knows before
+ * the modex: the hosts and their process counts.  The direct path needs every
+ * host's processes within its cables' queue-pair budget (two per host), and a
+ * cable to every other host: with three hosts or more the cabling may be a
+ * ring or a line, which only the engines' relaying reaches.  Anything else, or
+ * a runtime that does not say, takes the engines. */
 static bool auto_uses_engine(void)
 {
-    int most = max_procs_per_host();
+    int hosts, most;
+    bool direct = job_shape(&hosts, &most) && most <= 2 && hosts <= 2;
 
-    BTL_TBRDMA_VERBOSE(10, "path auto: %s (at most %d processes on one host of this job; the "
-                       "direct path takes at most 2)",
-                       most > 0 && most <= 2 ? "direct" : "host engines", most);
-    return most <= 0 || most > 2;
+    BTL_TBRDMA_VERBOSE(10, "path auto: %s (%d hosts, at most %d processes on one; the direct "
+                       "path takes at most 2 of each)",
+                       direct ? "direct" : "host engines", hosts, most);
+    return !direct;
 }
 
 static bool reports_for_host(void)
