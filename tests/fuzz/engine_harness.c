@@ -80,11 +80,16 @@ void eh_fini(eng_harness_t *h)
 
 eng_peer_t *eh_peer(eng_harness_t *h, unsigned n)
 {
+    return eh_peer_on(h, n, 0);
+}
+
+eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev)
+{
     uint8_t id[TB_WIRE_ENGINE_ID_SIZE] = {'p', 'e', 'e', 'r'};
     eng_peer_t *p;
 
     memcpy(id + 8, &n, sizeof(n));
-    p = tb_eng_peer_for(h->e, 0, id, true);
+    p = tb_eng_peer_for(h->e, dev, id, true);
     if (p && ENG_PEER_IDLE == p->state) {
         p->known = true;
         p->ipv4 = 0x0100007f;
@@ -115,6 +120,43 @@ void eh_relay_table(eng_harness_t *h)
     }
     h->dev.ipv4.s_addr = htonl(addr[0]);
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
+}
+
+void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last)
+{
+    /* 10.0.1.0/30 joins peer 1 and this engine's device 0, 10.0.2.0/30 its
+     * device 1 and peer 2 */
+    static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
+    static const uint32_t addr[4] = {0x0a000101, 0x0a000102, 0x0a000201, 0x0a000202};
+    tb_engine_t *e = h->e;
+    tb_wire_ehost_t *ent = h->relay_table;
+    eng_peer_t *p[3];
+
+    strcpy(h->dev2.name, "fake1");
+    strcpy(h->dev2.netdev, "fake1");
+    e->devs[1].e = e;
+    e->devs[1].idx = 1;
+    e->devs[1].dev = &h->dev2;
+    e->ndev = 2;
+    p[0] = eh_peer(h, 1);
+    memcpy(e->id, p[0]->id, sizeof(e->id));
+    e->id[12] = 'm'; /* after peer 1's id, before peer 2's */
+    p[2] = eh_peer_on(h, 2, 1);
+    memset(h->relay_table, 0, sizeof(h->relay_table));
+    for (unsigned i = 0; i < 4; ++i) {
+        memcpy(ent[i].engine_id, 1 == host[i] ? e->id : p[host[i]]->id,
+               sizeof(ent[i].engine_id));
+        ent[i].ipv4 = htonl(addr[i]);
+        ent[i].netmask = htonl(0xfffffffcu);
+        ent[i].cm_port = tb_wire_le16(4000);
+        ent[i].dev = (uint8_t) dev[i];
+    }
+    h->dev.ipv4.s_addr = htonl(addr[1]);
+    h->dev.netmask.s_addr = htonl(0xfffffffcu);
+    h->dev2.ipv4.s_addr = htonl(addr[2]);
+    h->dev2.netmask.s_addr = htonl(0xfffffffcu);
+    *first = p[0];
+    *last = p[2];
 }
 
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,

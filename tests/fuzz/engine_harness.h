@@ -22,6 +22,7 @@
 typedef struct eng_harness {
     tb_engine_t *e;
     tb_device_t dev;
+    tb_device_t dev2; /* a second device, for eh_relay_middle */
     void *seg[EH_RANKS];
     tb_shm_ring_t to_engine[EH_RANKS];   /* the ranks' side of their rings */
     tb_shm_ring_t from_engine[EH_RANKS];
@@ -36,11 +37,19 @@ void eh_fini(eng_harness_t *h);
 
 /* Peer engine n over the device, connected as far as the engine knows. */
 eng_peer_t *eh_peer(eng_harness_t *h, unsigned n);
+/* The same over the engine's device dev. */
+eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev);
 
 /* The job's table of hosts for a line of three, this engine - peer 1 -
  * peer 2 (this engine is host 0, peer 1 host 1, peer 2 host 2), in
  * h->relay_table; the harness's device gets its address on it. */
 void eh_relay_table(eng_harness_t *h);
+
+/* The job's table of hosts for a line of three with this engine in the
+ * middle: peer 1 (host 0) on its device 0, peer 2 (host 2) on a second
+ * device it gains (h->dev2); this engine takes an id between theirs, as the
+ * table is sorted by id.  Returns the peers in *first and *last. */
+void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last);
 
 /* Rank i writes a record (0, or -1 when its ring is full); a SEND names the
  * pid the harness gave its destination, or another one unless right_pid. */

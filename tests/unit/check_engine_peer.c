@@ -693,6 +693,127 @@ START_TEST(relay_table_checked)
 }
 END_TEST
 
+/* A relay from host src toward host dst, as the neighbour b passes it on:
+ * hops_left hops to go and len bytes of body, all fill. */
+static void relay_through(eng_peer_t *b, const tb_topo_t *t, unsigned src, unsigned dst,
+                          uint8_t hops_left, uint8_t fill, size_t len)
+{
+    static uint8_t buf[sizeof(tb_wire_erelay_t) + (64u << 10)];
+    tb_wire_erelay_t rh;
+
+    ck_assert_uint_le(len, sizeof(buf) - sizeof(rh));
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16((uint16_t) dst);
+    rh.tag = TB_ETAG_DATA;
+    rh.hops_left = hops_left;
+    memcpy(buf, &rh, sizeof(rh));
+    memset(buf + sizeof(rh), fill, len);
+    tb_eng_peer_recv(b, TB_ETAG_RELAY, buf, sizeof(rh) + len);
+}
+
+static void middle_of_three(eng_harness_t *h, eng_peer_t **a, eng_peer_t **c, tb_topo_t *t)
+{
+    (void) setup(h);
+    eh_relay_middle(h, a, c);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, h->relay_table, sizeof(h->relay_table)), 0);
+    ck_assert_ptr_nonnull(h->e->topo);
+    ck_assert_uint_eq(h->e->me, 1);
+    *t = *h->e->topo;
+}
+
+/* The middle of a line forwards what is not for it toward its destination,
+ * in order, holding what the next hop cannot take yet; when that hop is lost
+ * it drops what it held for it and tells the source (UNREACH). */
+START_TEST(relay_forwarded_in_order)
+{
+    eng_harness_t h;
+    eng_peer_t *a, *c;
+    const eng_msg_t *m;
+    tb_wire_erelay_t rh;
+    tb_topo_t t;
+    unsigned n = 0;
+
+    middle_of_three(&h, &a, &c, &t);
+    for (uint8_t k = 0; k < 3; ++k) {
+        relay_through(a, &t, 0, 2, 2, (uint8_t) ('a' + k), 100);
+    }
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(h.e->relayed_msgs, 3);
+    ck_assert_uint_eq(h.e->relayed_bytes, 300);
+    for (m = c->fwd_head; m; m = m->next, ++n) {
+        ck_assert_uint_eq(m->len, sizeof(rh) + 100);
+        memcpy(&rh, m->data, sizeof(rh));
+        ck_assert_uint_eq(rh.hops_left, 1);
+        ck_assert_uint_eq(tb_wire_le16(rh.dst_host), 2);
+        ck_assert_uint_eq(m->data[sizeof(rh)], 'a' + n);
+    }
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_gt(a->relay_held, 300);
+    ck_assert_ptr_null(a->fwd_head);
+    ck_assert_ptr_null(eh_check(&h));
+    tb_eng_peer_fail(c, TB_CHAN_EPEERDEAD, "test: the cable to host 2 is cut");
+    ck_assert_ptr_null(c->fwd_head);
+    ck_assert_uint_eq(a->relay_held, 0);
+    ck_assert_ptr_nonnull(a->fwd_head);
+    memcpy(&rh, a->fwd_head->data, sizeof(rh));
+    ck_assert_uint_eq(rh.tag, TB_ETAG_UNREACH);
+    ck_assert_uint_eq(tb_wire_le16(rh.src_host), 1);
+    ck_assert_uint_eq(tb_wire_le16(rh.dst_host), 0);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A neighbour that makes this engine hold more for it than the routed
+ * credit allows is cut, and what it cost stays within the bound. */
+START_TEST(relay_bound)
+{
+    eng_harness_t h;
+    eng_peer_t *a, *c;
+    tb_topo_t t;
+    unsigned k;
+
+    middle_of_three(&h, &a, &c, &t);
+    for (k = 0; k < 100000 && ENG_PEER_CONNECTED == a->state; ++k) {
+        ck_assert_uint_le(a->relay_held, ENG_RELAY_HOLD(h.e));
+        relay_through(a, &t, 0, 2, 2, (uint8_t) k, 64u << 10);
+    }
+    ck_assert_int_eq(a->state, ENG_PEER_FAILED);
+    ck_assert_uint_le(h.e->relayed_bytes, ENG_RELAY_HOLD(h.e));
+    ck_assert_uint_ge((uint64_t) k * (64u << 10), ENG_RELAY_HOLD(h.e) / 2);
+    eh_fini(&h);
+}
+END_TEST
+
+/* What a relay refuses: a message with no hops left, one that claims a
+ * source whose route does not come through the neighbour that sent it, and
+ * one for a host that is not in the table. */
+START_TEST(relay_refused)
+{
+    eng_harness_t h;
+    eng_peer_t *a, *c;
+    tb_topo_t t;
+
+    middle_of_three(&h, &a, &c, &t);
+    relay_through(a, &t, 0, 2, 0, 'x', 8);
+    ck_assert_int_eq(a->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+
+    middle_of_three(&h, &a, &c, &t);
+    relay_through(c, &t, 0, 2, 2, 'x', 8); /* host 0's route to 2 does not come from 2 */
+    ck_assert_int_eq(c->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    eh_fini(&h);
+
+    middle_of_three(&h, &a, &c, &t);
+    relay_through(a, &t, 0, 3, 2, 'x', 8);
+    ck_assert_int_eq(a->state, ENG_PEER_FAILED);
+    ck_assert_uint_eq(h.e->relayed_msgs, 0);
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -716,6 +837,9 @@ int main(void)
     tcase_add_test(tc, relayed_to_rank);
     tcase_add_test(tc, relay_other_table);
     tcase_add_test(tc, relay_table_checked);
+    tcase_add_test(tc, relay_forwarded_in_order);
+    tcase_add_test(tc, relay_bound);
+    tcase_add_test(tc, relay_refused);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
