@@ -132,6 +132,7 @@ typedef struct mca_btl_tbrdma_component_t {
 
     tb_device_list_t devices;
     int num_modules;
+    unsigned add_procs_calls; /* by every module: a round ends each num_modules */
     mca_btl_tbrdma_module_t **modules; /* the cables' modules and the host module (host set) */
     mca_btl_tbrdma_module_t *host_module;
 
@@ -257,6 +258,9 @@ extern mca_btl_tbrdma_module_t mca_btl_tbrdma_module_template;
  * 4.x's show_help relay to mpirun can lose a message sent shortly before a
  * process aborts (open-mpi/ompi#8356), exactly when these are needed. */
 void mca_btl_tbrdma_show_help(const char *topic, ...);
+
+/* True when btl names tbrdma and no transport that reaches other hosts. */
+bool mca_btl_tbrdma_only_network(void);
 
 #define BTL_TBRDMA_VERBOSE(level, ...) \
     opal_output_verbose(level, opal_btl_base_framework.framework_output, "btl:tbrdma: " __VA_ARGS__)

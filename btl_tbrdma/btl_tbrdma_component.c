@@ -547,7 +547,7 @@ void mca_btl_tbrdma_show_help(const char *topic, ...)
 /* True when the user listed tbrdma by name and no other network BTL beside
  * it: then a missing device means the job cannot communicate, and the user
  * deserves to know why rather than only Open MPI's generic "unreachable". */
-static bool tbrdma_is_the_only_network(void)
+bool mca_btl_tbrdma_only_network(void)
 {
     static const char *const local_only[] = {"tbrdma", "self", "sm", "vader", NULL};
     const char **value = NULL;
@@ -573,9 +573,6 @@ static bool tbrdma_is_the_only_network(void)
     return named && !others;
 }
 
-/* Host-wide conditions are reported once per host, by its first process:
- * one message is clearer than one per rank, and Open MPI 4.x can lose help
- * messages that many ranks send at once (open-mpi/ompi#8356). */
 static int compare_strings(const void *a, const void *b)
 {
     return strcmp(*(char *const *) a, *(char *const *) b);
@@ -637,6 +634,9 @@ static bool auto_uses_engine(void)
     return !direct;
 }
 
+/* Host-wide conditions are reported once per host, by its first process:
+ * one message is clearer than one per rank, and Open MPI 4.x can lose help
+ * messages that many ranks send at once (open-mpi/ompi#8356). */
 static bool reports_for_host(void)
 {
     return opal_process_info.my_local_rank <= 0;
@@ -645,7 +645,7 @@ static bool reports_for_host(void)
 static void report_no_device(const char *why)
 {
     BTL_TBRDMA_VERBOSE(1, "disqualifying myself on %s: %s", opal_process_info.nodename, why);
-    if (reports_for_host() && tbrdma_is_the_only_network()) {
+    if (reports_for_host() && mca_btl_tbrdma_only_network()) {
         mca_btl_tbrdma_show_help("no usable device", opal_process_info.nodename, why);
     }
 }

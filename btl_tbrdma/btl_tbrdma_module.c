@@ -12,6 +12,7 @@
 #include "btl_tbrdma_frag.h"
 
 #include "opal/class/opal_bitmap.h"
+#include "opal/util/argv.h"
 #include "opal/datatype/opal_convertor.h"
 #include "opal/util/show_help.h"
 
@@ -134,6 +135,52 @@ mca_btl_base_endpoint_t *mca_btl_tbrdma_module_endpoint_for(mca_btl_tbrdma_modul
     return ep;
 }
 
+/* The direct path reaches only the hosts its cables touch, the engines
+ * those a chain of cables through the job's hosts reaches.  Once every
+ * module has seen the processes, this host's first process names each host
+ * tbrdma cannot reach when nothing else will reach it either, and what the
+ * user can do, rather than leaving them Open MPI's "unable to reach each
+ * other". */
+static void report_uncabled(struct opal_proc_t **procs, size_t nprocs)
+{
+    mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
+    char **told = NULL;
+
+    if (opal_process_info.my_local_rank > 0 || !mca_btl_tbrdma_only_network()) {
+        return;
+    }
+    for (size_t i = 0; i < nprocs; ++i) {
+        const char *host = opal_get_proc_hostname(procs[i]);
+        bool reached = false;
+        if (OPAL_PROC_ON_LOCAL_NODE(procs[i]->proc_flags) || NULL == host) {
+            continue;
+        }
+        for (int k = 0; k < c->num_modules && !reached; ++k) {
+            reached =
+                NULL != mca_btl_tbrdma_module_find_endpoint(c->modules[k], &procs[i]->proc_name);
+        }
+        for (int k = 0; !reached && told && told[k]; ++k) {
+            reached = 0 == strcmp(told[k], host); /* already named */
+        }
+        if (!reached) {
+            (void) opal_argv_append_nosize(&told, host);
+        }
+    }
+    for (int k = 0; told && told[k]; ++k) {
+        mca_btl_tbrdma_show_help(
+            "no cable to host", opal_process_info.nodename, told[k],
+            TBRDMA_PATH_DIRECT == c->path_param
+                ? "btl_tbrdma_path is direct: each process's own queue pairs reach only\n"
+                  "the hosts a cable joins.  The host engines (btl_tbrdma_path auto or\n"
+                  "engine) also relay through the job's hosts between them."
+                : "The host engines relay only through hosts that run a process of this\n"
+                  "job: include a host between them (one rank there is enough), or run\n"
+                  "on hosts a cable joins ('tbrdma_devinfo' on each host shows its\n"
+                  "cables).");
+    }
+    opal_argv_free(told);
+}
+
 static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
                             struct opal_proc_t **procs, struct mca_btl_base_endpoint_t **peers,
                             opal_bitmap_t *reachable)
@@ -189,6 +236,9 @@ static int tbrdma_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
         if (peers[i] && reachable) {
             opal_bitmap_set_bit(reachable, (int) i);
         }
+    }
+    if (0 == ++c->add_procs_calls % (unsigned) c->num_modules) {
+        report_uncabled(procs, nprocs);
     }
     mca_btl_tbrdma_unlock();
     return OPAL_SUCCESS;

@@ -44,8 +44,8 @@ static tb_wire_ehost_t *job_table(size_t *n)
         int rc;
 
         OPAL_MODEX_RECV(rc, &c->super.btl_version, &name, (void **) &mx, &size);
-        if (OPAL_SUCCESS != rc || NULL == mx || 0 != tb_modex_check(mx, size, NULL)
-            || TB_MODEX_PATH_ENGINE != mx->path) {
+        if (OPAL_SUCCESS != rc || NULL == mx || 0 != tb_modex_check(mx, size, NULL) ||
+            TB_MODEX_PATH_ENGINE != mx->path) {
             free(mx);
             continue;
         }
@@ -141,9 +141,9 @@ int mca_btl_tbrdma_route_find(const uint8_t *engine_id, int *first_dev, unsigned
     unsigned dev;
     int h;
 
-    if (NULL == c->topo || (h = tb_topo_find(c->topo, engine_id)) < 0 || h == c->topo_me
-        || tb_topo_next_hop(c->topo, (unsigned) c->topo_me, (unsigned) h, &dev) < 0
-        || dev >= (unsigned) c->devices.count) {
+    if (NULL == c->topo || (h = tb_topo_find(c->topo, engine_id)) < 0 || h == c->topo_me ||
+        tb_topo_next_hop(c->topo, (unsigned) c->topo_me, (unsigned) h, &dev) < 0 ||
+        dev >= (unsigned) c->devices.count) {
         return -1;
     }
     *first_dev = (int) dev;
