@@ -65,11 +65,12 @@ enum {
  * the credit window in flight, all its destination ranks together, so what a
  * relay can be asked to hold stays a small multiple of it (ENG_RELAY_HOLD). */
 #define ENG_ROUTED_WINDOW_SHARE 4u
-/* What a relay holds for one neighbour, forwarded or waiting for the next
- * hop, in routed windows per pair of hosts: every pair of hosts may route
- * through one cable, and each keeps at most one routed window in flight. */
-#define ENG_RELAY_HOLD(e)                                                                \
-    ((uint64_t) (e)->topo->nhosts * (e)->topo->nhosts                               \
+/* What a relay holds for the neighbour of host index nh, forwarded or
+ * waiting for the next hop: a routed window (and one largest message) for
+ * each pair of hosts whose route comes through that neighbour to be passed
+ * on from here, the only pairs it may send for. */
+#define ENG_RELAY_HOLD(e, nh)                                                            \
+    ((uint64_t) (e)->relay_pairs_from[nh]                                               \
      * ((e)->p.credit_window / ENG_ROUTED_WINDOW_SHARE + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
 /* Relayed messages that came before this host's ranks gave the job's table
  * (they wait for it): at most this many bytes, then the neighbour is cut. */
@@ -332,6 +333,9 @@ struct tb_engine {
     /* The pairs of hosts it forwarded for (relayed_pairs[src], bit dst): told
      * when the way between them through here is lost. */
     uint64_t relayed_pairs[TB_TOPO_MAX_HOSTS];
+    /* Per neighbour host: the pairs of hosts that relay through it to here
+     * and on (ENG_RELAY_HOLD). */
+    uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
 };
 
 /* A DATA message of plen payload bytes from p fits rank r's credit window at

@@ -534,6 +534,9 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     eng_dst_t *d;
     uint32_t src, dst;
 
+    /* Relayed messages count too: an engine that only relays must keep the
+     * pace of traffic (spin, short sleeps), or every hop waits its sleep. */
+    e->rx_msgs++;
     if (TB_ETAG_RELAY == tag && NULL == p->via) {
         tb_eng_relay_recv(p, data, len);
         return;
@@ -543,7 +546,6 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         peer_violation(p, fault, why);
         return;
     }
-    e->rx_msgs++;
     src = tb_wire_le32(h.src);
     dst = tb_wire_le32(h.dst);
     switch (tag) {

@@ -19,7 +19,8 @@
  * other round a ring (no cycle of buffers): what it can be asked to hold is
  * bounded at the source, where a routed peer keeps at most a share of the
  * credit window in flight (ENG_ROUTED_WINDOW_SHARE), and enforced here per
- * neighbour (ENG_RELAY_HOLD).
+ * neighbour, for the pairs of hosts whose route comes through it
+ * (ENG_RELAY_HOLD).
  *
  * Who sent a relayed message: its neighbour is authenticated by the
  * channel, and a message naming source host s is taken only from the
@@ -42,6 +43,28 @@
 #include "tb_log.h"
 
 /* ---- the job's table ----------------------------------------------------- */
+
+static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh);
+
+/* For each neighbour, how many pairs of hosts it may pass to this engine to
+ * be forwarded: what bounds what this engine holds for it. */
+static void count_relay_pairs(tb_engine_t *e)
+{
+    const tb_topo_t *t = e->topo;
+
+    memset(e->relay_pairs_from, 0, sizeof(e->relay_pairs_from));
+    for (unsigned n = 0; n < t->nhosts; ++n) {
+        if (1 != t->dist[e->me][n]) {
+            continue;
+        }
+        for (unsigned s = 0; s < t->nhosts; ++s) {
+            for (unsigned d = 0; d < t->nhosts; ++d) {
+                e->relay_pairs_from[n] += s != d && d != e->me
+                                          && came_by_route(e, s, d, (int) n);
+            }
+        }
+    }
+}
 
 static void log_routes(tb_engine_t *e)
 {
@@ -166,6 +189,7 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     e->topo = t;
     e->me = (unsigned) me;
     t = NULL;
+    count_relay_pairs(e);
     log_routes(e);
     /* What was relayed to this engine before it knew the routes, in order. */
     while ((m = e->early_head)) {
@@ -570,7 +594,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
         relay_violation(n, "relay loop", "it relayed a message that went round too many hosts");
         return;
     }
-    if (n->relay_held + ENG_MSG_COST(len) > ENG_RELAY_HOLD(e)) {
+    if (n->relay_held + ENG_MSG_COST(len) > ENG_RELAY_HOLD(e, nh)) {
         relay_violation(n, "relay bound",
                         "it relayed more through this engine than the routed credit allows");
         return;
