@@ -65,13 +65,14 @@ static int msgrate(int rank, int nranks, int window, int iters, size_t bytes)
         fprintf(stderr, "mpibench msgrate: needs 2 ranks and memory\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    for (it = -warmup; it < iters; ++it) {
+    if (!active) {
+        /* An odd rank out joins the barrier where the pairs start timing. */
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    for (it = -warmup; active && it < iters; ++it) {
         if (0 == it) {
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
-        }
-        if (!active) {
-            break;
         }
         if (0 == rank % 2) {
             for (k = 0; k < window; ++k) {
