@@ -32,6 +32,7 @@ static void endpoint_construct(mca_btl_base_endpoint_t *ep)
     ep->next_rma_id = 1;
     ep->route = 0;
     ep->route_sent = false;
+    ep->routed = false;
     memset(ep->peer_engine, 0, sizeof(ep->peer_engine));
     ep->peer_pid = 0;
     ep->loop = false;
