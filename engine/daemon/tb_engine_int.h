@@ -66,12 +66,15 @@ enum {
  * relay can be asked to hold stays a small multiple of it (ENG_RELAY_HOLD). */
 #define ENG_ROUTED_WINDOW_SHARE 4u
 /* What a relay holds for the neighbour of host index nh, forwarded or
- * waiting for the next hop: a routed window (and one largest message) for
- * each pair of hosts whose route comes through that neighbour to be passed
- * on from here, the only pairs it may send for. */
+ * waiting for the next hop, per pair of hosts whose route comes through that
+ * neighbour to be passed on from here (the only pairs it may send for): the
+ * source's routed window counts payload + 64 per message, which holding costs
+ * at most 1.75 times (ENG_MSG_COST of an empty DATA); the CREDIT messages
+ * for the opposite pair, not under credit, at most one per message it
+ * answers, as much again; so four quarter windows, and one largest message. */
 #define ENG_RELAY_HOLD(e, nh)                                                            \
     ((uint64_t) (e)->relay_pairs_from[nh]                                               \
-     * ((e)->p.credit_window / ENG_ROUTED_WINDOW_SHARE + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
+     * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
 /* Relayed messages that came before this host's ranks gave the job's table
  * (they wait for it): at most this many bytes, then the neighbour is cut. */
 #define ENG_RELAY_EARLY (64u << 20)
@@ -333,6 +336,8 @@ struct tb_engine {
     /* The pairs of hosts it forwarded for (relayed_pairs[src], bit dst): told
      * when the way between them through here is lost. */
     uint64_t relayed_pairs[TB_TOPO_MAX_HOSTS];
+    /* The pairs (unreach_told[src], bit dst) told their way on is gone. */
+    uint64_t unreach_told[TB_TOPO_MAX_HOSTS];
     /* Per neighbour host: the pairs of hosts that relay through it to here
      * and on (ENG_RELAY_HOLD). */
     uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];

@@ -433,15 +433,25 @@ static int send_notices(eng_peer_t *p)
     int n = 0;
 
     while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->notice_head)) {
-        if (TB_CHAN_OK != peer_send(p, ch, m)) {
-            break;
-        }
-        /* The channel's now: freed at its completion. */
+        /* Off the list before the channel has it: a send that fails the
+         * peer at once (drop_notices) must not free it under the channel. */
         p->notice_head = m->next;
         p->nnotices--;
         if (NULL == p->notice_head) {
             p->notice_tail = NULL;
         }
+        if (TB_CHAN_OK != peer_send(p, ch, m)) {
+            if (ENG_PEER_CONNECTED != p->state) {
+                free(m);
+                break;
+            }
+            m->next = p->notice_head;
+            p->notice_head = m;
+            p->notice_tail = p->notice_tail ? p->notice_tail : m;
+            p->nnotices++;
+            break;
+        }
+        /* The channel's now: freed at its completion. */
         ++n;
     }
     return n;
@@ -614,6 +624,14 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         p->gone[p->ngone++].pid = tb_wire_le32(h.src_pid);
         snprintf(why, sizeof(why), "%.*s", (int) (plen < 200 ? plen : 200), (const char *) payload);
         tb_eng_drop_waiting(p, &src, tb_wire_le32(h.src_pid));
+        /* What was in flight to it never comes back as credit: a routed
+         * peer's share of the window, which its host's other ranks share,
+         * would shrink for good. */
+        if (NULL != (d = tb_eng_dst_of(p, src, -1))) {
+            p->used_total -= d->used < p->used_total ? d->used : p->used_total;
+            d->used = 0;
+            p->credit_changed = true;
+        }
         for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
             r = &e->ranks[i];
             if (ENG_RANK_ATTACHED == r->state) {
@@ -699,6 +717,7 @@ size_t tb_eng_peers_unacked(tb_engine_t *e)
             continue;
         }
         n += p->wait_head ? 1 : 0;
+        n += p->fwd_head ? 1 : 0; /* relayed for others: a relay drains it too */
         if (p->conn && 0 == tb_channel_status(tb_conn_channel(p->conn))) {
             n += tb_channel_unacked(tb_conn_channel(p->conn));
         }

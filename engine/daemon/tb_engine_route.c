@@ -44,7 +44,7 @@
 
 /* ---- the job's table ----------------------------------------------------- */
 
-static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh);
+static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev);
 
 /* For each neighbour, how many pairs of hosts it may pass to this engine to
  * be forwarded: what bounds what this engine holds for it. */
@@ -60,7 +60,7 @@ static void count_relay_pairs(tb_engine_t *e)
         for (unsigned s = 0; s < t->nhosts; ++s) {
             for (unsigned d = 0; d < t->nhosts; ++d) {
                 e->relay_pairs_from[n] += s != d && d != e->me
-                                          && came_by_route(e, s, d, (int) n);
+                                          && came_by_route(e, s, d, (int) n, -1);
             }
         }
     }
@@ -383,18 +383,29 @@ static int fwd_drain(eng_peer_t *q)
 
     while (NULL != ch && ENG_PEER_CONNECTED == q->state && NULL != (m = q->fwd_head)
            && taken < ENG_TX_SHARE) {
-        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
-            break;
-        }
+        /* Off the queue before the channel has it: a send that fails q at
+         * once (fwd_drop) must not free it under the channel. */
         q->fwd_head = m->next;
         if (NULL == q->fwd_head) {
             q->fwd_tail = NULL;
+        }
+        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
+            if (ENG_PEER_CONNECTED != q->state) {
+                tb_eng_relay_done(q->e, m);
+                break;
+            }
+            m->next = q->fwd_head;
+            q->fwd_head = m;
+            q->fwd_tail = q->fwd_tail ? q->fwd_tail : m;
+            break;
         }
         taken += m->len;
         ++n;
     }
     return n;
 }
+
+static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char *why);
 
 /* Send a relayed message (header rh, then blen bytes of body) on toward
  * host dst; from: the neighbour it came from (NULL: this engine's own).  Its
@@ -410,7 +421,15 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
     eng_msg_t *m;
 
     if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state) {
-        return; /* the sources hear it from tb_eng_relay_lost */
+        /* The way on is gone: the source hears it (once per pair), not
+         * only the pairs that were under way when it went. */
+        unsigned src = tb_wire_le16(rh->src_host);
+        if (from && TB_ETAG_UNREACH != rh->tag && src < TB_TOPO_MAX_HOSTS
+            && !(e->unreach_told[src] & (1ull << dst))) {
+            e->unreach_told[src] |= 1ull << dst;
+            send_unreach(e, src, dst, NULL == q ? "no way on from a relay" : "the way on is lost");
+        }
+        return;
     }
     if (NULL == q->fwd_head && ENG_PEER_CONNECTED == q->state && ch
         && NULL != (slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, sizeof(*rh) + blen))) {
@@ -465,40 +484,67 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
     if (NULL == e->topo || (qh = tb_topo_find(e->topo, q->id)) < 0) {
         return;
     }
-    /* Both ends of every pair this engine carried across q: each end waits
-     * for the other otherwise.  An end behind q itself hears it from its own
-     * side of the cable, or not at all if it is gone. */
+    /* Every pair this engine carried over q's cable, told at the end this
+     * side of it: the source when q was the way on, the destination when q
+     * was the way in.  Each end waits for the other otherwise; an end behind
+     * q hears it from its own side of the cable, or not at all if it is
+     * gone. */
     for (unsigned s = 0; s < e->topo->nhosts; ++s) {
         for (unsigned d = 0; d < e->topo->nhosts; ++d) {
             unsigned dev;
-            if (!(e->relayed_pairs[s] & (1ull << d))
-                || tb_topo_next_hop(e->topo, e->me, d, &dev) != qh) {
+            if (!(e->relayed_pairs[s] & (1ull << d))) {
                 continue;
             }
-            e->relayed_pairs[s] &= ~(1ull << d);
-            send_unreach(e, s, d, why);
-            if (tb_topo_next_hop(e->topo, e->me, s, &dev) != qh) {
+            if (tb_topo_next_hop(e->topo, e->me, d, &dev) == qh && dev == q->dev) {
+                e->relayed_pairs[s] &= ~(1ull << d);
+                send_unreach(e, s, d, why);
+            } else if (came_by_route(e, s, d, qh, (int) q->dev)) {
+                e->relayed_pairs[s] &= ~(1ull << d);
                 send_unreach(e, d, s, why);
             }
         }
     }
 }
 
-/* The message came from neighbour n, the last hop of src's route to here. */
-static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh)
+/* A message from src toward dst came from neighbour host nh over this
+ * engine's device mydev (-1: any): the last hop of src's route toward dst,
+ * over the cable that route takes. */
+static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev)
 {
-    unsigned at = src, prev = src, dev;
+    const tb_topo_t *t = e->topo;
+    unsigned at = src, prev = src, dev = 0, last_dev = 0;
     int next;
 
     while (at != e->me && at != dst) {
-        next = tb_topo_next_hop(e->topo, at, dst, &dev);
+        next = tb_topo_next_hop(t, at, dst, &dev);
         if (next < 0) {
             return false;
         }
         prev = at;
+        last_dev = dev;
         at = (unsigned) next;
     }
-    return at == e->me && (int) prev == nh;
+    return at == e->me && (int) prev == nh
+           && (mydev < 0 || t->peer_dev[prev][last_dev] == (unsigned) mydev);
+}
+
+/* Host via lies on this engine's route to host to, between them. */
+static bool on_my_route(const tb_engine_t *e, unsigned to, unsigned via)
+{
+    unsigned at = e->me, dev;
+    int next;
+
+    while (at != to) {
+        next = tb_topo_next_hop(e->topo, at, to, &dev);
+        if (next < 0) {
+            return false;
+        }
+        at = (unsigned) next;
+        if (at == via && at != to) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* A message for this engine, from host src. */
@@ -518,7 +564,10 @@ static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8
             return;
         }
         memcpy(&u, body, sizeof(u));
-        p = routed_find(e, tb_wire_le16(u.host));
+        /* Only a host on the way there can say the way is cut. */
+        p = tb_wire_le16(u.host) < e->topo->nhosts && on_my_route(e, tb_wire_le16(u.host), src)
+                ? routed_find(e, tb_wire_le16(u.host))
+                : NULL;
         if (p) {
             snprintf(text, sizeof(text), "the route to it is cut at host %u: %.*s", src,
                      (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
@@ -581,7 +630,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
     }
     if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
         || rh.tag < TB_ETAG_DATA || rh.tag > TB_ETAG_UNREACH || TB_ETAG_RELAY == rh.tag
-        || !came_by_route(e, src, dst, nh)) {
+        || !came_by_route(e, src, dst, nh, (int) n->dev)) {
         relay_violation(n, "relay route",
                         "it relayed a message whose route does not come through it");
         return;
