@@ -820,6 +820,173 @@ START_TEST(relay_refused)
 }
 END_TEST
 
+/* The relay header of the message queued last toward neighbour q, and in
+ * *host the host an UNREACH there names. */
+static tb_wire_erelay_t queued_last(const eng_peer_t *q, unsigned *host)
+{
+    tb_wire_erelay_t rh;
+    tb_wire_eunreach_t u;
+
+    ck_assert_ptr_nonnull(q->fwd_tail);
+    memcpy(&rh, q->fwd_tail->data, sizeof(rh));
+    if (TB_ETAG_UNREACH == rh.tag) {
+        memcpy(&u, q->fwd_tail->data + sizeof(rh), sizeof(u));
+        *host = tb_wire_le16(u.host);
+    }
+    return rh;
+}
+
+static unsigned queued(const eng_peer_t *q)
+{
+    unsigned n = 0;
+
+    for (const eng_msg_t *m = q->fwd_head; m; m = m->next) {
+        ++n;
+    }
+    return n;
+}
+
+/* Messages that come for a way on already lost are not dropped in silence:
+ * their source hears, once per pair. */
+START_TEST(relay_way_on_gone)
+{
+    eng_harness_t h;
+    eng_peer_t *a, *c;
+    tb_wire_erelay_t rh;
+    tb_topo_t t;
+    unsigned host = 99;
+
+    middle_of_three(&h, &a, &c, &t);
+    tb_eng_peer_fail(c, TB_CHAN_EPEERDEAD, "test: the cable to host 2 is cut");
+    relay_through(a, &t, 0, 2, 2, 'x', 8);
+    ck_assert_uint_eq(queued(a), 1);
+    rh = queued_last(a, &host);
+    ck_assert_uint_eq(rh.tag, TB_ETAG_UNREACH);
+    ck_assert_uint_eq(tb_wire_le16(rh.dst_host), 0);
+    ck_assert_uint_eq(host, 2);
+    relay_through(a, &t, 0, 2, 2, 'y', 8);
+    ck_assert_uint_eq(queued(a), 1);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A lost cable is told to the end on this side of each pair it carried:
+ * here the destination (host 0) of what came in over it from host 2. */
+START_TEST(relay_lost_tells_destination)
+{
+    eng_harness_t h;
+    eng_peer_t *a, *c;
+    tb_wire_erelay_t rh;
+    tb_topo_t t;
+    unsigned host = 99;
+
+    middle_of_three(&h, &a, &c, &t);
+    relay_through(c, &t, 2, 0, 2, 'x', 8);
+    ck_assert_uint_eq(queued(a), 1);
+    tb_eng_peer_fail(c, TB_CHAN_EPEERDEAD, "test: the cable to host 2 is cut");
+    ck_assert_uint_eq(queued(a), 2);
+    rh = queued_last(a, &host);
+    ck_assert_uint_eq(rh.tag, TB_ETAG_UNREACH);
+    ck_assert_uint_eq(tb_wire_le16(rh.src_host), 1);
+    ck_assert_uint_eq(tb_wire_le16(rh.dst_host), 0);
+    ck_assert_uint_eq(host, 2);
+    eh_fini(&h);
+}
+END_TEST
+
+/* An UNREACH relayed from host src naming host lost, as neighbour b passes it. */
+static void unreach_from(eng_peer_t *b, const tb_topo_t *t, unsigned src, unsigned lost)
+{
+    uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_eunreach_t)];
+    tb_wire_erelay_t rh;
+    tb_wire_eunreach_t u;
+
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16(0);
+    rh.tag = TB_ETAG_UNREACH;
+    rh.hops_left = 3;
+    memset(&u, 0, sizeof(u));
+    u.host = tb_wire_le16((uint16_t) lost);
+    memcpy(buf, &rh, sizeof(rh));
+    memcpy(buf + sizeof(rh), &u, sizeof(u));
+    tb_eng_peer_recv(b, TB_ETAG_RELAY, buf, sizeof(buf));
+}
+
+/* That the way to a host is cut is believed only from a host on the way:
+ * host 2 itself cannot say it (it would end the traffic of every rank here to
+ * it on its word alone, through a route it is not on). */
+START_TEST(relay_unreach_from_route_only)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *a = NULL;
+    tb_topo_t t;
+
+    (void) setup(&h);
+    line_of_three(&h, &b, &t);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    relay_from(b, 2, t.digest);
+    eh_progress(&h);
+    for (unsigned i = 0; i < h.e->npeers; ++i) {
+        a = h.e->peers[i]->via == b ? h.e->peers[i] : a;
+    }
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    unreach_from(b, &t, 2, 2);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    unreach_from(b, &t, 1, 2);
+    ck_assert_int_eq(a->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A rank that dies gives its routed peer back the credit it had in flight:
+ * the routed share of the window is its host's other ranks' too. */
+START_TEST(relay_gone_releases_credit)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *a = NULL;
+    uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 4];
+    tb_wire_erelay_t rh;
+    tb_wire_emsg_t m;
+    eng_dst_t *d;
+    tb_topo_t t;
+
+    (void) setup(&h);
+    line_of_three(&h, &b, &t);
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
+    relay_from(b, 2, t.digest);
+    eh_progress(&h);
+    for (unsigned i = 0; i < h.e->npeers; ++i) {
+        a = h.e->peers[i]->via == b ? h.e->peers[i] : a;
+    }
+    ck_assert_ptr_nonnull(a);
+    d = tb_eng_dst_of(a, 100, 0);
+    ck_assert_ptr_nonnull(d);
+    d->used = 300000;
+    a->used_total = 300000;
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t.digest);
+    rh.src_host = tb_wire_le16(2);
+    rh.dst_host = tb_wire_le16(0);
+    rh.tag = TB_ETAG_GONE;
+    rh.hops_left = 3;
+    memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32(100);
+    m.src_pid = tb_wire_le32(5000);
+    memcpy(buf, &rh, sizeof(rh));
+    memcpy(buf + sizeof(rh), &m, sizeof(m));
+    memcpy(buf + sizeof(rh) + sizeof(m), "dead", 4);
+    tb_eng_peer_recv(b, TB_ETAG_RELAY, buf, sizeof(buf));
+    ck_assert_uint_eq(d->used, 0);
+    ck_assert_uint_eq(a->used_total, 0);
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -846,6 +1013,10 @@ int main(void)
     tcase_add_test(tc, relay_forwarded_in_order);
     tcase_add_test(tc, relay_bound);
     tcase_add_test(tc, relay_refused);
+    tcase_add_test(tc, relay_way_on_gone);
+    tcase_add_test(tc, relay_lost_tells_destination);
+    tcase_add_test(tc, relay_unreach_from_route_only);
+    tcase_add_test(tc, relay_gone_releases_credit);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
