@@ -98,26 +98,33 @@ eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev)
     return p;
 }
 
-void eh_relay_table(eng_harness_t *h)
+/* The job's table of a line of three, host 0 - host 1 - host 2, four
+ * entries (host h's device dev[i] at addr[i], each /30 a cable) naming the
+ * hosts by ids[host]. */
+static void fill_line_table(eng_harness_t *h, const uint8_t *const ids[3],
+                            const uint32_t addr[4])
 {
-    /* host, dev, address: 10.0.2.0/30 joins this engine and peer 1,
-     * 10.0.1.0/30 peer 1 and peer 2 */
     static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
-    static const uint32_t addr[4] = {0x0a000202, 0x0a000201, 0x0a000102, 0x0a000101};
     tb_wire_ehost_t *ent = h->relay_table;
 
     memset(h->relay_table, 0, sizeof(h->relay_table));
     for (unsigned i = 0; i < 4; ++i) {
-        if (0 == host[i]) {
-            memcpy(ent[i].engine_id, h->e->id, sizeof(ent[i].engine_id));
-        } else {
-            memcpy(ent[i].engine_id, eh_peer(h, host[i])->id, sizeof(ent[i].engine_id));
-        }
+        memcpy(ent[i].engine_id, ids[host[i]], sizeof(ent[i].engine_id));
         ent[i].ipv4 = htonl(addr[i]);
         ent[i].netmask = htonl(0xfffffffcu);
         ent[i].cm_port = tb_wire_le16(4000);
         ent[i].dev = (uint8_t) dev[i];
     }
+}
+
+void eh_relay_table(eng_harness_t *h)
+{
+    /* 10.0.2.0/30 joins this engine and peer 1, 10.0.1.0/30 peer 1 and
+     * peer 2 */
+    static const uint32_t addr[4] = {0x0a000202, 0x0a000201, 0x0a000102, 0x0a000101};
+    const uint8_t *ids[3] = {h->e->id, eh_peer(h, 1)->id, eh_peer(h, 2)->id};
+
+    fill_line_table(h, ids, addr);
     h->dev.ipv4.s_addr = htonl(addr[0]);
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
 }
@@ -126,11 +133,9 @@ void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last)
 {
     /* 10.0.1.0/30 joins peer 1 and this engine's device 0, 10.0.2.0/30 its
      * device 1 and peer 2 */
-    static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
     static const uint32_t addr[4] = {0x0a000101, 0x0a000102, 0x0a000201, 0x0a000202};
     tb_engine_t *e = h->e;
-    tb_wire_ehost_t *ent = h->relay_table;
-    eng_peer_t *p[3];
+    const uint8_t *ids[3];
 
     strcpy(h->dev2.name, "fake1");
     strcpy(h->dev2.netdev, "fake1");
@@ -138,25 +143,18 @@ void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last)
     e->devs[1].idx = 1;
     e->devs[1].dev = &h->dev2;
     e->ndev = 2;
-    p[0] = eh_peer(h, 1);
-    memcpy(e->id, p[0]->id, sizeof(e->id));
+    *first = eh_peer(h, 1);
+    memcpy(e->id, (*first)->id, sizeof(e->id));
     e->id[12] = 'm'; /* after peer 1's id, before peer 2's */
-    p[2] = eh_peer_on(h, 2, 1);
-    memset(h->relay_table, 0, sizeof(h->relay_table));
-    for (unsigned i = 0; i < 4; ++i) {
-        memcpy(ent[i].engine_id, 1 == host[i] ? e->id : p[host[i]]->id,
-               sizeof(ent[i].engine_id));
-        ent[i].ipv4 = htonl(addr[i]);
-        ent[i].netmask = htonl(0xfffffffcu);
-        ent[i].cm_port = tb_wire_le16(4000);
-        ent[i].dev = (uint8_t) dev[i];
-    }
+    *last = eh_peer_on(h, 2, 1);
+    ids[0] = (*first)->id;
+    ids[1] = e->id;
+    ids[2] = (*last)->id;
+    fill_line_table(h, ids, addr);
     h->dev.ipv4.s_addr = htonl(addr[1]);
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
     h->dev2.ipv4.s_addr = htonl(addr[2]);
     h->dev2.netmask.s_addr = htonl(0xfffffffcu);
-    *first = p[0];
-    *last = p[2];
 }
 
 int eh_rank_write(eng_harness_t *h, unsigned i, uint8_t type, uint8_t tag, uint16_t link,

@@ -895,6 +895,24 @@ START_TEST(relay_lost_tells_destination)
 }
 END_TEST
 
+/* At the end of a line of three (line_of_three), the routed peer to host 2
+ * that a message relayed from there makes. */
+static eng_peer_t *routed_to_far_end(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
+{
+    eng_peer_t *a = NULL;
+
+    (void) setup(h);
+    line_of_three(h, b, t);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, h->relay_table, sizeof(h->relay_table)), 0);
+    relay_from(*b, 2, t->digest);
+    eh_progress(h);
+    for (unsigned i = 0; i < h->e->npeers; ++i) {
+        a = h->e->peers[i]->via == *b ? h->e->peers[i] : a;
+    }
+    ck_assert_ptr_nonnull(a);
+    return a;
+}
+
 /* An UNREACH relayed from host src naming host lost, as neighbour b passes it. */
 static void unreach_from(eng_peer_t *b, const tb_topo_t *t, unsigned src, unsigned lost)
 {
@@ -921,18 +939,10 @@ static void unreach_from(eng_peer_t *b, const tb_topo_t *t, unsigned src, unsign
 START_TEST(relay_unreach_from_route_only)
 {
     eng_harness_t h;
-    eng_peer_t *b, *a = NULL;
+    eng_peer_t *b, *a;
     tb_topo_t t;
 
-    (void) setup(&h);
-    line_of_three(&h, &b, &t);
-    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
-    relay_from(b, 2, t.digest);
-    eh_progress(&h);
-    for (unsigned i = 0; i < h.e->npeers; ++i) {
-        a = h.e->peers[i]->via == b ? h.e->peers[i] : a;
-    }
-    ck_assert_ptr_nonnull(a);
+    a = routed_to_far_end(&h, &b, &t);
     ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
     unreach_from(b, &t, 2, 2);
     ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
@@ -948,22 +958,14 @@ END_TEST
 START_TEST(relay_gone_releases_credit)
 {
     eng_harness_t h;
-    eng_peer_t *b, *a = NULL;
+    eng_peer_t *b, *a;
     uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 4];
     tb_wire_erelay_t rh;
     tb_wire_emsg_t m;
     eng_dst_t *d;
     tb_topo_t t;
 
-    (void) setup(&h);
-    line_of_three(&h, &b, &t);
-    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
-    relay_from(b, 2, t.digest);
-    eh_progress(&h);
-    for (unsigned i = 0; i < h.e->npeers; ++i) {
-        a = h.e->peers[i]->via == b ? h.e->peers[i] : a;
-    }
-    ck_assert_ptr_nonnull(a);
+    a = routed_to_far_end(&h, &b, &t);
     d = tb_eng_dst_of(a, 100, 0);
     ck_assert_ptr_nonnull(d);
     d->used = 300000;
