@@ -47,20 +47,29 @@
 static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev);
 
 /* For each neighbour, how many pairs of hosts it may pass to this engine to
- * be forwarded: what bounds what this engine holds for it. */
+ * be forwarded: what bounds what this engine holds for it.  Each pair's
+ * route walked once (at most 64 x 64 routes of at most 64 hops). */
 static void count_relay_pairs(tb_engine_t *e)
 {
     const tb_topo_t *t = e->topo;
 
     memset(e->relay_pairs_from, 0, sizeof(e->relay_pairs_from));
-    for (unsigned n = 0; n < t->nhosts; ++n) {
-        if (1 != t->dist[e->me][n]) {
-            continue;
-        }
-        for (unsigned s = 0; s < t->nhosts; ++s) {
-            for (unsigned d = 0; d < t->nhosts; ++d) {
-                e->relay_pairs_from[n] += s != d && d != e->me
-                                          && came_by_route(e, s, d, (int) n, -1);
+    for (unsigned s = 0; s < t->nhosts; ++s) {
+        for (unsigned d = 0; d < t->nhosts; ++d) {
+            unsigned at = s, prev = s, dev;
+            int next;
+            if (s == d || d == e->me) {
+                continue;
+            }
+            while (at != e->me && at != d) {
+                if ((next = tb_topo_next_hop(t, at, d, &dev)) < 0) {
+                    break;
+                }
+                prev = at;
+                at = (unsigned) next;
+            }
+            if (at == e->me && prev != e->me) {
+                e->relay_pairs_from[prev]++;
             }
         }
     }
