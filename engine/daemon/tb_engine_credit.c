@@ -296,8 +296,7 @@ int tb_eng_send_waiting(eng_peer_t *p)
             p->credit_changed = true;
             break;
         }
-        d->used += (uint32_t) tb_ecredit_cost(len);
-        p->used_total += tb_ecredit_cost(len);
+        tb_eng_credit_take(p, d, len);
         p->e->tx_bytes += len;
         p->e->tx_copied += len;
         if (m->ref) {

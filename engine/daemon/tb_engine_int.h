@@ -343,6 +343,23 @@ struct tb_engine {
     uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
 };
 
+/* Credit toward destination d behind p: a DATA message of plen payload bytes
+ * taken, and c bytes given back; the peer's total moves with it (a routed
+ * peer's destinations share a window, tb_eng_credit_ok). */
+static inline void tb_eng_credit_take(eng_peer_t *p, eng_dst_t *d, size_t plen)
+{
+    d->used += (uint32_t) tb_ecredit_cost(plen);
+    p->used_total += tb_ecredit_cost(plen);
+}
+
+static inline void tb_eng_credit_give(eng_peer_t *p, eng_dst_t *d, uint32_t c)
+{
+    c = c < d->used ? c : d->used;
+    d->used -= c;
+    p->used_total -= c < p->used_total ? c : p->used_total;
+    p->credit_changed = true;
+}
+
 /* A DATA message of plen payload bytes from p fits rank r's credit window at
  * this end.  As the sender counts (credit_ok): one message may exceed the
  * window only when nothing else is outstanding. */

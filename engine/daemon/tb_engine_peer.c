@@ -352,8 +352,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
         rc = tb_channel_send_commit(ch);
         if (TB_CHAN_OK == rc) {
-            d->used += (uint32_t) tb_ecredit_cost(h->len);
-            p->used_total += tb_ecredit_cost(h->len);
+            tb_eng_credit_take(p, d, h->len);
             e->tx_bytes += h->len;
             e->tx_copied += h->len;
         }
@@ -375,8 +374,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_done(t);
         return 1;
     }
-    d->used += (uint32_t) tb_ecredit_cost(h->len);
-    p->used_total += tb_ecredit_cost(h->len);
+    tb_eng_credit_take(p, d, h->len);
     /* The channel copies it into its send slots. */
     e->tx_bytes += h->len;
     e->tx_copied += h->len;
@@ -598,11 +596,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         return;
     case TB_ETAG_CREDIT:
         if (NULL != (d = tb_eng_dst_of(p, dst, -1))) {
-            uint32_t c = tb_wire_le32(h.credit);
-            c = c < d->used ? c : d->used;
-            d->used -= c;
-            p->used_total -= c < p->used_total ? c : p->used_total;
-            p->credit_changed = true;
+            tb_eng_credit_give(p, d, tb_wire_le32(h.credit));
         }
         return;
     case TB_ETAG_GONE:
@@ -628,9 +622,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
          * peer's share of the window, which its host's other ranks share,
          * would shrink for good. */
         if (NULL != (d = tb_eng_dst_of(p, src, -1))) {
-            p->used_total -= d->used < p->used_total ? d->used : p->used_total;
-            d->used = 0;
-            p->credit_changed = true;
+            tb_eng_credit_give(p, d, d->used);
         }
         for (unsigned i = 0; i < ENG_MAX_RANKS; ++i) {
             r = &e->ranks[i];
