@@ -570,13 +570,14 @@ START_TEST(held_in_ring)
 }
 END_TEST
 
-/* The harness's line of three (eh_relay_table): its topology in t, and in
- * *b peer 1, this engine's neighbour. */
+/* An engine in memory at one end of the harness's line of three (eh_relay_table):
+ * its topology in t, and in *b peer 1, this engine's neighbour. */
 static void line_of_three(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
 {
     tb_topo_host_t hosts[3];
     const char *why = NULL;
 
+    (void) setup(h);
     eh_relay_table(h);
     memset(hosts, 0, sizeof(hosts));
     for (unsigned i = 0; i < 4; ++i) {
@@ -627,7 +628,6 @@ START_TEST(relayed_to_rank)
     tb_topo_t t;
     unsigned recv = 0;
 
-    (void) setup(&h);
     line_of_three(&h, &b, &t);
     relay_from(b, 2, t.digest);
     eh_progress(&h);
@@ -663,7 +663,6 @@ START_TEST(relay_other_table)
     eng_peer_t *b;
     tb_topo_t t;
 
-    (void) setup(&h);
     line_of_three(&h, &b, &t);
     ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
     relay_from(b, 2, t.digest ^ 1);
@@ -680,7 +679,6 @@ START_TEST(relay_table_checked)
     eng_peer_t *b;
     tb_topo_t t;
 
-    (void) setup(&h);
     line_of_three(&h, &b, &t);
     ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table) - 1), -1);
     h.relay_table[0].dev = 1; /* its only device numbered 1 */
@@ -901,7 +899,6 @@ static eng_peer_t *routed_to_far_end(eng_harness_t *h, eng_peer_t **b, tb_topo_t
 {
     eng_peer_t *a = NULL;
 
-    (void) setup(h);
     line_of_three(h, b, t);
     ck_assert_int_eq(tb_eng_topo_set(h->e, h->relay_table, sizeof(h->relay_table)), 0);
     relay_from(*b, 2, t->digest);
