@@ -302,12 +302,28 @@ void tb_eng_log_loop(const tb_engine_t *e)
             e->max_ns[ENG_PH_DEVICES] / 1e6, e->max_ns[ENG_PH_RANKS] / 1e6,
             e->max_ns[ENG_PH_PEERS] / 1e6, e->max_ns[ENG_PH_SOCKETS] / 1e6,
             e->max_ns[ENG_PH_SLEEP] / 1e6, e->max_ns[ENG_PH_GAP] / 1e6);
+    tb_eng_log_sleeps(e, TB_LOG_WARN);
+}
+
+void tb_eng_log_sleeps(const tb_engine_t *e, tb_log_level_t level)
+{
+    if (0 == e->sleeps) {
+        return;
+    }
+    tb_log(level,
+           "the engine slept %llu times: %llu ran to their end (the longest overran what it "
+           "asked by %.1f ms, waiting for a CPU), and %llu of those found messages waiting "
+           "when they ended (the longest such sleep %.1f ms); the others were woken by a "
+           "rank's doorbell, a completion or a socket",
+           (unsigned long long) e->sleeps, (unsigned long long) e->sleeps_full,
+           e->sleep_overrun_max_ns / 1e6, (unsigned long long) e->sleeps_late,
+           e->sleep_late_max_ns / 1e6);
 }
 
 int tb_engine_run(tb_engine_t *e)
 {
     uint64_t now = tb_now_ns(), last_work = now, last_sockets = 0, drain_end = 0;
-    uint64_t started = now, polled = now, rx_seen = 0, t;
+    uint64_t started = now, polled = now, rx_seen = 0, t, slept_full = 0;
 
     for (;;) {
         int work = 0, w, from_ranks;
@@ -346,7 +362,14 @@ int tb_engine_run(tb_engine_t *e)
         if (from_ranks || e->rx_msgs != rx_seen) {
             rx_seen = e->rx_msgs;
             e->last_traffic_ns = now;
+            if (slept_full) {
+                e->sleeps_late++;
+                if (slept_full > e->sleep_late_max_ns) {
+                    e->sleep_late_max_ns = slept_full;
+                }
+            }
         }
+        slept_full = 0;
         if (0 == e->nranks) {
             if (!e->ever_attached && now - started > e->p.idle_exit_ns) {
                 TB_INFO("no rank attached for %llu s: exiting",
@@ -391,9 +414,17 @@ int tb_engine_run(tb_engine_t *e)
         set_waiting(e, true);
         if (!rings_readable(e) && arm_devices(e) && 0 == tb_eng_devices_progress(e, tb_now_ns())) {
             int ms = sleep_ms(e);
+            uint64_t asked = (uint64_t) ms * 1000000u;
             t = tb_now_ns();
+            e->sleeps++;
             if (poll_sockets(e, ms)) {
                 last_work = tb_now_ns();
+            } else {
+                slept_full = tb_now_ns() - t;
+                e->sleeps_full++;
+                if (slept_full > asked && slept_full - asked > e->sleep_overrun_max_ns) {
+                    e->sleep_overrun_max_ns = slept_full - asked;
+                }
             }
             (void) phase_end(e, ENG_PH_SLEEP, t);
             last_sockets = tb_now_ns();
@@ -526,6 +557,7 @@ void tb_engine_destroy(tb_engine_t *e)
                 (double) e->rx_bytes / 1048576.0,
                 e->rx_bytes ? (double) e->rx_copied / (double) e->rx_bytes : 0.0);
     }
+    tb_eng_log_sleeps(e, TB_LOG_INFO);
     if (e->relayed_msgs) {
         TB_INFO("relayed for other hosts: %llu messages, %.1f MiB",
                 (unsigned long long) e->relayed_msgs, (double) e->relayed_bytes / 1048576.0);

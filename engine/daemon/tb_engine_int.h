@@ -319,6 +319,14 @@ struct tb_engine {
      * two polls of the devices: a stalled link's report says whether the
      * engine itself stalled (tb_eng_log_loop). */
     uint64_t max_ns[ENG_PHASES];
+    /* Its sleeps, to tell a long sleep in silence from one that kept work
+     * waiting: how many; how many ran to their end, and the most one
+     * overran what it asked (the engine waited that long for a CPU); and
+     * how many of those found messages waiting when they ended (a wake-up
+     * that did not come, or a message that came just then), with the
+     * longest such sleep. */
+    uint64_t sleeps, sleeps_full, sleeps_late;
+    uint64_t sleep_overrun_max_ns, sleep_late_max_ns;
     uint64_t last_detach_ns;
     eng_peer_t *peers[ENG_MAX_PEERS];
     unsigned npeers;
@@ -503,6 +511,8 @@ void tb_eng_peer_recv_placed(eng_peer_t *p, uint8_t tag, const void *head, size_
 void tb_eng_place_release(eng_peer_t *p);
 /* The loop's longest phases, to the log (after a fault). */
 void tb_eng_log_loop(const tb_engine_t *e);
+/* The sleeps' counts, at a tb_log level. */
+void tb_eng_log_sleeps(const tb_engine_t *e, tb_log_level_t level);
 /* Each connected channel's state, to the log (after a fault). */
 void tb_eng_peers_log_state(tb_engine_t *e);
 /* A rank's SEND: 1 consumed (sent, held, or dropped), 0 retry later, -1 bad. */
