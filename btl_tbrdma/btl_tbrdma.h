@@ -174,8 +174,6 @@ typedef struct mca_btl_tbrdma_component_t {
     uint32_t engine_credit_window;
     uint32_t engine_spin_us;
     uint32_t engine_yield;
-    int engine_sleep;    /* btl_tbrdma_engine_sleep */
-    bool engine_sleeps;  /* this process attached to sleep on its ring */
     uint32_t stripe_min; /* btl_tbrdma_stripe_min (btl_tbrdma_stripe.c) */
     unsigned idle_polls; /* progress calls in a row that found nothing */
     int engine_events;

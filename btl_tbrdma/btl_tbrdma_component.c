@@ -202,12 +202,6 @@ static int tbrdma_component_register(void)
                   "idle pass of its spin; 0: never.  Where every core runs a rank that spins, "
                   "the engine gets a CPU only when a rank yields one",
                   OPAL_INFO_LVL_5, &c->engine_yield);
-    c->engine_sleep = 0;
-    register_int("engine_sleep",
-                 "1: on the engine path, a process alone on its host and single-threaded that "
-                 "would yield its CPU (btl_tbrdma_engine_yield) sleeps instead until its engine "
-                 "writes to it, 1 ms at most at a time; 0 (default): it yields",
-                 OPAL_INFO_LVL_5, &c->engine_sleep);
     c->stripe_min = TBRDMA_STRIPE_MIN;
     register_uint("stripe_min",
                   "Bytes from which a put or get (ob1's rendezvous of a large message, "
@@ -406,9 +400,8 @@ static int tbrdma_component_progress(void)
         c->idle_polls = n ? 0 : c->idle_polls + 1;
         yield = c->idle_polls > c->engine_yield;
     }
-    /* Not in the lock: nothing else of this process runs meanwhile (engine_sleeps). */
     mca_btl_tbrdma_unlock();
-    if (yield && !(c->engine_sleeps && tb_eclient_sleep(c->engine, 1))) {
+    if (yield) {
         sched_yield();
     }
     return n;

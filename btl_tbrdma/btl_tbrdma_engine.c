@@ -128,11 +128,6 @@ int mca_btl_tbrdma_engine_start(char *err, size_t errlen)
     p.engine_path = c->engine_path;
     p.engine_args = args;
     p.timeout_ns = 30000000000ull;
-    /* Sleeping in progress would hold back what other transports bring a
-     * process with others on its host (sm), and other threads. */
-    c->engine_sleeps = c->engine_sleep && 0 == opal_process_info.num_local_peers
-                       && !opal_using_threads();
-    p.sleeps = c->engine_sleeps;
     rc = tb_eclient_attach(&p, &c->engine, err, errlen);
     free_args(args);
     if (TB_ECLIENT_OK != rc) {

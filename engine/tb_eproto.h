@@ -37,26 +37,19 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 7
+#define TB_WIRE_ENGINE_VERSION 6
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
     uint32_t magic;
     uint8_t version;
-    uint8_t flags;         /* TB_EATTACH_F_* */
-    uint8_t reserved[2];   /* zero */
+    uint8_t reserved[3];   /* zero */
     uint32_t vpid;         /* the rank's number in the job */
     uint32_t pid;
     uint64_t ring_size;    /* bytes of each ring's data; the segment is
                             * TB_SHM_RING_CTRL + 2 * ring_size */
     uint8_t key[TB_WIRE_SECRET_SIZE]; /* the job's key on this host */
 } tb_wire_eattach_t;
-
-/* The rank may sleep on its ring from the engine, after setting that ring's
- * waiting flag: the engine then commits there with a full fence and writes a
- * doorbell byte to the rank's socket when it finds the flag up.  Without it
- * the rank only polls, and the engine's commits there pay no fence. */
-#define TB_EATTACH_F_SLEEPS 0x01u
 
 typedef struct __attribute__((packed)) tb_wire_edev {
     char name[64];   /* NUL-terminated */

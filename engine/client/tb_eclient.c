@@ -38,7 +38,6 @@ struct tb_eclient {
     char dir[400];  /* the job's directory, for messages */
     int dirfd;      /* and as opened (tb_jobdir.h) */
     bool lost;
-    bool sleeps; /* attached with TB_EATTACH_F_SLEEPS */
     uint64_t last_check_ns;
 };
 
@@ -491,7 +490,6 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
         memset(&req, 0, sizeof(req));
         req.magic = tb_wire_le32(TB_WIRE_ENGINE_MAGIC);
         req.version = TB_WIRE_ENGINE_VERSION;
-        req.flags = p->sleeps ? TB_EATTACH_F_SLEEPS : 0;
         req.vpid = tb_wire_le32(p->vpid);
         req.pid = tb_wire_le32((uint32_t) getpid());
         req.ring_size = tb_wire_le64(p->ring_size);
@@ -535,7 +533,6 @@ int tb_eclient_attach(const tb_eclient_params_t *p, tb_eclient_t **out, char *er
         c->info.devices[i].netdev[sizeof(c->info.devices[i].netdev) - 1] = '\0';
     }
     (void) fcntl(c->fd, F_SETFL, O_NONBLOCK);
-    c->sleeps = p->sleeps;
     *out = c;
     return TB_ECLIENT_OK;
 
@@ -760,30 +757,6 @@ int tb_eclient_progress(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *c
         lose(c, h, ctx, "the tbrdma engine of this host broke the ring protocol");
     }
     return n;
-}
-
-bool tb_eclient_sleep(tb_eclient_t *c, int timeout_ms)
-{
-    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-    bool slept = false;
-    char buf[64];
-
-    if (c->lost || !c->sleeps || !tb_shm_ring_drained(&c->tx)) {
-        return false;
-    }
-    /* The flag, then one more look (Dekker with the engine's commit). */
-    tb_shm_ring_set_waiting(&c->rx, true);
-    if (!tb_shm_ring_readable(&c->rx)) {
-        slept = true;
-        if (poll(&pfd, 1, timeout_ms) > 0 && (pfd.revents & POLLIN)) {
-            /* Doorbells only: a closed socket stays readable, and
-             * check_engine reads its end. */
-            while (recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
-            }
-        }
-    }
-    tb_shm_ring_set_waiting(&c->rx, false);
-    return slept;
 }
 
 void tb_eclient_detach(tb_eclient_t *c)

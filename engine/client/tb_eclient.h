@@ -35,7 +35,6 @@ typedef struct tb_eclient_params {
     const char *engine_path; /* the tbrdma-engine program */
     char *const *engine_args; /* options for it (NULL-terminated, may be NULL) */
     uint64_t timeout_ns;     /* for the lock, the engine's start and the attach */
-    bool sleeps;             /* this process may sleep in tb_eclient_sleep */
 } tb_eclient_params_t;
 
 enum {
@@ -93,13 +92,6 @@ int tb_eclient_progress(tb_eclient_t *c, const tb_eclient_handlers_t *h, void *c
 
 /* true while the engine is there. */
 bool tb_eclient_alive(const tb_eclient_t *c);
-
-/* Give up the CPU until the engine writes to this process's ring, or for
- * timeout_ms at most (attached with sleeps; otherwise returns at once).  It
- * does not sleep while the engine has not taken all that this process put
- * in its ring: whoever waits for that room must retry soon.  True if it
- * slept. */
-bool tb_eclient_sleep(tb_eclient_t *c, int timeout_ms);
 
 /* Say BYE (everything sent before it still goes out), close, unmap. */
 void tb_eclient_detach(tb_eclient_t *c);

@@ -310,11 +310,8 @@ void tb_eng_attach_rank(tb_engine_t *e, int fd)
     /* The rank reset both rings before sharing them. */
     tb_shm_ring_attach(&r->tx, seg, tb_wire_le64(req.ring_size), 0, false);
     tb_shm_ring_attach(&r->rx, seg, tb_wire_le64(req.ring_size), 1, false);
-    /* A rank that only polls its ring asks for no doorbell, and the
-     * engine's commits there need no fence. */
-    if (!(req.flags & TB_EATTACH_F_SLEEPS)) {
-        tb_shm_ring_consumer_spins(&r->rx);
-    }
+    /* A rank polls its ring and never sleeps on it: no doorbell to ask for. */
+    tb_shm_ring_consumer_spins(&r->rx);
     reply_attach(e, fd, pid, TB_EATTACH_OK, NULL);
     TB_INFO("rank %u (pid %d) attached", (unsigned) r->vpid, (int) pid);
     return;

@@ -396,9 +396,6 @@ void tb_eng_rank_post(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, u
                       uint32_t pid, const void *a, size_t alen, const void *b, size_t blen);
 void tb_eng_rank_announce(eng_rank_t *r, eng_peer_t *p);
 void tb_eng_rank_fail(eng_rank_t *r, const char *why);
-/* A doorbell byte on the rank's socket: it sleeps on its ring from the engine
- * (its ring's waiting flag was up at a commit). */
-void tb_eng_rank_wake(eng_rank_t *r);
 eng_txrec_t *tb_eng_txq_push(eng_rank_t *r, uint64_t end);
 void tb_eng_txq_pop_last(eng_rank_t *r);
 eng_msg_t *tb_eng_msg_new(uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid, const void *a,

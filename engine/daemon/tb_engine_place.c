@@ -104,9 +104,7 @@ void tb_eng_peer_recv_placed(eng_peer_t *p, uint8_t tag, const void *head, size_
     }
     p->delivered[r->slot] += tb_ecredit_cost(plen);
     e->rx_bytes += plen; /* its one copy is the channel's (bytes_placed) */
-    if (tb_shm_ring_commit(&r->rx)) {
-        tb_eng_rank_wake(r);
-    }
+    (void) tb_shm_ring_commit(&r->rx);
     tb_eng_rank_received(r, (uint16_t) p->idx, plen);
 }
 

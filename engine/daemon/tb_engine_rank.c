@@ -9,38 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tb_log.h"
 
 /* ---- records to a rank --------------------------------------------------- */
 
-void tb_eng_rank_wake(eng_rank_t *r)
-{
-    char b = TB_EDOORBELL;
-
-    /* A full socket already holds a doorbell the rank has not read. */
-    if (r->fd >= 0) {
-        (void) send(r->fd, &b, 1, MSG_DONTWAIT
-#if defined(MSG_NOSIGNAL)
-                                      | MSG_NOSIGNAL
-#endif
-        );
-    }
-}
-
 /* Write a record into the rank's ring now, or false if it has no room. */
 static bool rx_write(eng_rank_t *r, uint8_t type, uint8_t tag, uint16_t link, uint32_t vpid,
                      uint32_t pid, const void *a, size_t alen, const void *b, size_t blen)
 {
     const struct iovec iov[2] = {{(void *) a, alen}, {(void *) b, blen}};
-    int rc = tb_shm_ring_put(&r->rx, type, tag, link, vpid, pid, iov, 2);
 
-    if (rc > 0) {
-        tb_eng_rank_wake(r);
-    }
-    return rc >= 0;
+    return tb_shm_ring_put(&r->rx, type, tag, link, vpid, pid, iov, 2) >= 0;
 }
 
 /* Keep the rank's credit accounting: a RECV of bytes from peer ends at the

@@ -344,11 +344,6 @@ static void progress_until(tb_eclient_t *c, struct seen *s, bool (*done)(const s
     }
 }
 
-static bool one_received(const struct seen *s)
-{
-    return s->nrecv >= 1;
-}
-
 static bool two_received(const struct seen *s)
 {
     return s->nrecv >= 2;
@@ -408,75 +403,6 @@ START_TEST(local_routes_host_flag)
 
     tb_eclient_detach(c0);
     tb_eclient_detach(c1);
-    pthread_join(th, NULL);
-    tb_engine_destroy(e);
-}
-END_TEST
-
-struct sleeper {
-    tb_eclient_t *c;
-    atomic_int started;
-    bool slept;
-    uint64_t ns;
-};
-
-static void *sleep_on_ring(void *arg)
-{
-    struct sleeper *z = arg;
-    uint64_t t0 = tb_now_ns();
-
-    atomic_store(&z->started, 1);
-    z->slept = tb_eclient_sleep(z->c, 10000);
-    z->ns = tb_now_ns() - t0;
-    return NULL;
-}
-
-/* A rank attached to sleep on its ring (a rank alone on its host with
- * btl_tbrdma_engine_sleep) is woken by the engine's doorbell when a message
- * comes, not by its timeout; with a record already there it does not sleep;
- * a rank attached without it never sleeps. */
-START_TEST(sleeping_rank_woken)
-{
-    tb_eclient_t *c0, *c1 = NULL, *c2;
-    tb_eclient_params_t p;
-    tb_engine_t *e;
-    tb_wire_eroute_t rt;
-    struct sleeper z = {0};
-    struct seen s1 = {0};
-    struct iovec iov = {.iov_base = "x", .iov_len = 1};
-    pthread_t th, sl;
-    char dir[400], err[512];
-
-    e = start_fake_engine("job9", 12, dir, sizeof(dir), &th);
-    c0 = attach_ok("job9", 0);
-    params(&p, "job9", 1, NULL);
-    p.sleeps = true;
-    ck_assert_msg(TB_ECLIENT_OK == tb_eclient_attach(&p, &c1, err, sizeof(err)), "%s", err);
-    c2 = attach_ok("job9", 2);
-    ck_assert(!tb_eclient_sleep(c2, 10000));
-
-    memset(&rt, 0, sizeof(rt));
-    memcpy(rt.engine_id, tb_eclient_info(c0)->engine_id, sizeof(rt.engine_id));
-    ck_assert_int_eq(tb_eclient_route(c0, 0, &rt), 0);
-    z.c = c1;
-    ck_assert_int_eq(pthread_create(&sl, NULL, sleep_on_ring, &z), 0);
-    while (!atomic_load(&z.started)) {
-        usleep(1000);
-    }
-    usleep(200000);
-    ck_assert_int_eq(tb_eclient_sendv(c0, 0, 1, my_pid(), 5, &iov, 1), 0);
-    pthread_join(sl, NULL);
-    ck_assert(z.slept);
-    ck_assert_msg(z.ns < 5000000000ull, "the rank slept %llu ms: no doorbell woke it",
-                  (unsigned long long) (z.ns / 1000000u));
-    ck_assert(!tb_eclient_sleep(c1, 10000));
-    progress_until(c1, &s1, one_received);
-    ck_assert_int_eq(s1.nrecv, 1);
-    ck_assert_int_eq(s1.tag[0], 5);
-
-    tb_eclient_detach(c0);
-    tb_eclient_detach(c1);
-    tb_eclient_detach(c2);
     pthread_join(th, NULL);
     tb_engine_destroy(e);
 }
@@ -1230,7 +1156,6 @@ int main(void)
     tcase_add_test(tc, segment_sealed);
     tcase_add_test(tc, attach_silent_connections);
     tcase_add_test(tc, local_routes_host_flag);
-    tcase_add_test(tc, sleeping_rank_woken);
     tcase_add_test(tc, attach_vpid_once);
     tcase_add_test(tc, hostile_empty_sends);
     tcase_add_test(tc, hostile_doorbells);
