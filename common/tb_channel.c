@@ -388,6 +388,21 @@ static uint64_t tb_ch_stall_timeout(const tb_channel_params_t *p)
     return p->stall_timeout_ns > p->peer_timeout_ns ? p->stall_timeout_ns : p->peer_timeout_ns;
 }
 
+/* Logged when the peer goes silent: whether its frames came and were
+ * refused, or none came, and whether this side still had receives posted
+ * for them (a silent peer and a deaf channel look alike otherwise). */
+static void report_silence(const tb_channel_t *ch)
+{
+    char state[700];
+
+    tb_channel_describe(ch, state, sizeof(state));
+    TB_WARN("the peer went silent: %llu frames received in all, of which %llu of another "
+            "incarnation, %llu malformed, %llu with a bad checksum; %llu keepalives sent; %s",
+            (unsigned long long) ch->cnt.frames_received, (unsigned long long) ch->cnt.stale,
+            (unsigned long long) ch->cnt.malformed, (unsigned long long) ch->cnt.bad_checksum,
+            (unsigned long long) ch->cnt.keepalives_sent, state);
+}
+
 static void progress_timers(tb_channel_t *ch)
 {
     uint64_t now = ch->now;
@@ -408,6 +423,7 @@ static void progress_timers(tb_channel_t *ch)
         return;
     }
     if (now - ch->last_rx_ns >= p->peer_timeout_ns) {
+        report_silence(ch);
         tb_ch_fail(ch, TB_CHAN_EPEERDEAD, "no frame from the peer for %llu ms",
                    (unsigned long long) ((now - ch->last_rx_ns) / 1000000));
         return;

@@ -1813,6 +1813,38 @@ START_TEST(test_keepalive_silent_peer)
 }
 END_TEST
 
+static char silence_log[2048];
+
+static void log_silence(tb_log_level_t level, const char *msg, void *ctx)
+{
+    (void) level;
+    (void) ctx;
+    if (strstr(msg, "went silent")) {
+        snprintf(silence_log, sizeof(silence_log), "%s", msg);
+    }
+}
+
+/* A peer that falls silent fails the channel, and the log says what the
+ * channel held: frames received and refused, and the receives still posted
+ * (a silent peer and a deaf channel look alike otherwise). */
+START_TEST(test_silence_reported)
+{
+    pair_t *pr = std_pair(0, 0, 0, 0, 9);
+
+    mixed_traffic(pr, 20, 17, 0);
+    run_for(pr, 200 * MS);
+    tb_log_set_sink(log_silence, NULL, TB_LOG_WARN);
+    silence_log[0] = '\0';
+    tb_lossy_set_dead(pr->net, 1, 1);
+    ck_assert(run_until(pr, p0_failed, 5000 * MS));
+    ck_assert_int_eq(pr->p[0].error_status, TB_CHAN_EPEERDEAD);
+    ck_assert_msg(strstr(silence_log, "frames received in all"), "log: '%s'", silence_log);
+    ck_assert_msg(strstr(silence_log, "posted"), "log: '%s'", silence_log);
+    tb_log_set_sink(log_quiet, NULL, TB_LOG_ERROR);
+    pair_free(pr);
+}
+END_TEST
+
 /* Idle under heavy loss: both sides' keepalives are often lost at once, and
  * neither then hears from the other; the repeat keeps such a pair alive. */
 START_TEST(test_keepalive_loss)
@@ -2037,6 +2069,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_send_error_completion);
     tcase_add_test(tc, test_backpressure);
     tcase_add_test(tc, test_keepalive_silent_peer);
+    tcase_add_test(tc, test_silence_reported);
     tcase_add_test(tc, test_keepalive_loss);
     tcase_add_test(tc, test_abort);
     tcase_add_test(tc, test_send_detach);
