@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb_topology.h"
+#include "tb_ehosts.h"
 
 static int entry_cmp(const void *a, const void *b)
 {
@@ -72,28 +72,12 @@ static tb_wire_ehost_t *job_table(size_t *n)
 static int build_topo(const tb_wire_ehost_t *t, size_t n)
 {
     mca_btl_tbrdma_component_t *c = &mca_btl_tbrdma_component;
-    tb_topo_host_t *hosts = calloc(TB_TOPO_MAX_HOSTS, sizeof(*hosts));
     const char *why = NULL;
-    unsigned nh = 0;
     int rc = OPAL_ERROR;
 
+    /* The very code the engines run on the same table. */
     c->topo = calloc(1, sizeof(*c->topo));
-    if (NULL == hosts || NULL == c->topo) {
-        goto out;
-    }
-    for (size_t i = 0; i < n; ++i) {
-        if (0 == nh || 0 != memcmp(hosts[nh - 1].id, t[i].engine_id, TB_TOPO_ID_SIZE)) {
-            if (nh == TB_TOPO_MAX_HOSTS) {
-                why = "more hosts than routes are kept for";
-                goto out;
-            }
-            memcpy(hosts[nh++].id, t[i].engine_id, TB_TOPO_ID_SIZE);
-        }
-        hosts[nh - 1].dev[t[i].dev].ipv4 = t[i].ipv4;
-        hosts[nh - 1].dev[t[i].dev].netmask = t[i].netmask;
-        hosts[nh - 1].ndev = t[i].dev + 1u;
-    }
-    if (0 != tb_topo_build(c->topo, hosts, nh, &why)) {
+    if (NULL == c->topo || 0 != tb_ehosts_topo(t, n, c->topo, &why)) {
         goto out;
     }
     c->topo_me = tb_topo_find(c->topo, c->engine_id);
@@ -105,7 +89,6 @@ out:
         free(c->topo);
         c->topo = NULL;
     }
-    free(hosts);
     return rc;
 }
 

@@ -35,11 +35,13 @@
 #include "tb_engine_int.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
+#include "tb_ehosts.h"
 #include "tb_log.h"
 
 /* ---- the job's table ----------------------------------------------------- */
@@ -98,40 +100,6 @@ static void log_routes(tb_engine_t *e)
     }
 }
 
-/* The table's hosts from its entries: sorted by id, a host's devs counting
- * from 0 (tb_wire_ehost_t); -1 when they are not. */
-static int table_hosts(const tb_wire_ehost_t *x, size_t n, tb_topo_host_t *hosts,
-                       unsigned *nhosts)
-{
-    unsigned nh = 0;
-
-    for (size_t i = 0; i < n; ++i) {
-        tb_wire_ehost_t ent;
-        tb_topo_host_t *h;
-        memcpy(&ent, &x[i], sizeof(ent));
-        for (unsigned k = 0; k < sizeof(ent.reserved); ++k) {
-            if (ent.reserved[k]) {
-                return -1;
-            }
-        }
-        if (0 == nh || 0 != memcmp(hosts[nh - 1].id, ent.engine_id, TB_TOPO_ID_SIZE)) {
-            if (nh == TB_TOPO_MAX_HOSTS) {
-                return -1;
-            }
-            memcpy(hosts[nh++].id, ent.engine_id, TB_TOPO_ID_SIZE);
-        }
-        h = &hosts[nh - 1];
-        if (ent.dev != h->ndev || h->ndev == TB_TOPO_MAX_DEVS) {
-            return -1;
-        }
-        h->dev[h->ndev].ipv4 = ent.ipv4;
-        h->dev[h->ndev].netmask = ent.netmask;
-        h->ndev++;
-    }
-    *nhosts = nh;
-    return 0;
-}
-
 /* The table describes this engine's devices as they are. */
 static bool table_has_me(const tb_engine_t *e, const tb_topo_t *t, int me)
 {
@@ -150,11 +118,9 @@ static bool table_has_me(const tb_engine_t *e, const tb_topo_t *t, int me)
 int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
 {
     size_t n = len / sizeof(tb_wire_ehost_t);
-    tb_topo_host_t *hosts = NULL;
     tb_topo_t *t = NULL;
     const char *why = NULL;
     eng_msg_t *m;
-    unsigned nh = 0;
     int me, rc = -1;
 
     if (0 == len || 0 != len % sizeof(tb_wire_ehost_t)
@@ -170,16 +136,20 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
         }
         return 0;
     }
-    hosts = calloc(TB_TOPO_MAX_HOSTS, sizeof(*hosts));
     t = calloc(1, sizeof(*t));
-    if (NULL == hosts || NULL == t) {
+    rc = NULL == t ? -ENOMEM : tb_ehosts_topo(payload, n, t, &why);
+    if (-ENOMEM == rc) {
         TB_WARN("out of memory for the job's table of hosts: no routes through other hosts");
         rc = 0;
         goto out;
     }
-    if (0 != table_hosts(payload, n, hosts, &nh) || 0 != tb_topo_build(t, hosts, nh, &why)) {
+    if (0 != rc) {
+        TB_WARN("a rank gave a table of the job's hosts that makes no routes (%s): the rank is "
+                "dropped", why ? why : "malformed");
+        rc = -1;
         goto out;
     }
+    rc = -1;
     me = tb_topo_find(t, e->id);
     if (!table_has_me(e, t, me)) {
         tb_log_limited(&e->topo_warn, tb_now_ns(), TB_LOG_WARN,
@@ -212,7 +182,6 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     }
     rc = 0;
 out:
-    free(hosts);
     free(t);
     return rc;
 }

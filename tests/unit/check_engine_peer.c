@@ -671,8 +671,9 @@ START_TEST(relay_other_table)
 }
 END_TEST
 
-/* A malformed table is refused; one that does not show this engine's device
- * as it is, ignored. */
+/* A malformed table is refused (a short entry, a device out of order,
+ * reserved bytes set); one that does not show this engine's device as it
+ * is, ignored. */
 START_TEST(relay_table_checked)
 {
     eng_harness_t h;
@@ -684,6 +685,9 @@ START_TEST(relay_table_checked)
     h.relay_table[0].dev = 1; /* its only device numbered 1 */
     ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), -1);
     h.relay_table[0].dev = 0;
+    h.relay_table[1].reserved[2] = 1;
+    ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), -1);
+    h.relay_table[1].reserved[2] = 0;
     h.dev.ipv4.s_addr ^= htonl(1);
     ck_assert_int_eq(tb_eng_topo_set(h.e, h.relay_table, sizeof(h.relay_table)), 0);
     ck_assert_ptr_null(h.e->topo);
