@@ -349,6 +349,12 @@ struct tb_engine {
     /* Per neighbour host: the pairs of hosts that relay through it to here
      * and on (ENG_RELAY_HOLD). */
     uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
+    /* Per pair of hosts (src, dst) whose route reaches this engine, passing
+     * through or ending here: the neighbour it comes from, plus one (0 for
+     * the other pairs), and this engine's device its cable ends on.  Every
+     * relayed message is checked against it. */
+    uint8_t arrive_from[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_HOSTS];
+    uint8_t arrive_dev[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_HOSTS];
 };
 
 /* Credit toward destination d behind p: a DATA message of plen payload bytes

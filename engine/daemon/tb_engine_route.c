@@ -48,19 +48,22 @@
 
 static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev);
 
-/* For each neighbour, how many pairs of hosts it may pass to this engine to
- * be forwarded: what bounds what this engine holds for it.  Each pair's
- * route walked once (at most 64 x 64 routes of at most 64 hops). */
-static void count_relay_pairs(tb_engine_t *e)
+/* Each pair's route walked once (at most 64 x 64 routes of at most 64 hops),
+ * when the table comes: where it reaches this engine from (arrive_from,
+ * arrive_dev), and for each neighbour how many pairs it may pass to this
+ * engine to be forwarded, which bounds what this engine holds for it. */
+static void index_routes(tb_engine_t *e)
 {
     const tb_topo_t *t = e->topo;
 
     memset(e->relay_pairs_from, 0, sizeof(e->relay_pairs_from));
+    memset(e->arrive_from, 0, sizeof(e->arrive_from));
+    memset(e->arrive_dev, 0, sizeof(e->arrive_dev));
     for (unsigned s = 0; s < t->nhosts; ++s) {
         for (unsigned d = 0; d < t->nhosts; ++d) {
-            unsigned at = s, prev = s, dev;
+            unsigned at = s, prev = s, dev = 0, last_dev = 0;
             int next;
-            if (s == d || d == e->me) {
+            if (s == d || s == e->me) {
                 continue;
             }
             while (at != e->me && at != d) {
@@ -68,9 +71,15 @@ static void count_relay_pairs(tb_engine_t *e)
                     break;
                 }
                 prev = at;
+                last_dev = dev;
                 at = (unsigned) next;
             }
-            if (at == e->me && prev != e->me) {
+            if (at != e->me) {
+                continue;
+            }
+            e->arrive_from[s][d] = (uint8_t) (prev + 1);
+            e->arrive_dev[s][d] = t->peer_dev[prev][last_dev];
+            if (d != e->me) {
                 e->relay_pairs_from[prev]++;
             }
         }
@@ -168,7 +177,7 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     e->topo = t;
     e->me = (unsigned) me;
     t = NULL;
-    count_relay_pairs(e);
+    index_routes(e);
     log_routes(e);
     /* What was relayed to this engine before it knew the routes, in order. */
     while ((m = e->early_head)) {
@@ -489,21 +498,9 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
  * over the cable that route takes. */
 static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev)
 {
-    const tb_topo_t *t = e->topo;
-    unsigned at = src, prev = src, dev = 0, last_dev = 0;
-    int next;
+    unsigned from = e->arrive_from[src][dst];
 
-    while (at != e->me && at != dst) {
-        next = tb_topo_next_hop(t, at, dst, &dev);
-        if (next < 0) {
-            return false;
-        }
-        prev = at;
-        last_dev = dev;
-        at = (unsigned) next;
-    }
-    return at == e->me && (int) prev == nh
-           && (mydev < 0 || t->peer_dev[prev][last_dev] == (unsigned) mydev);
+    return 0 != from && (int) from - 1 == nh && (mydev < 0 || e->arrive_dev[src][dst] == mydev);
 }
 
 /* Host via lies on this engine's route to host to, between them. */

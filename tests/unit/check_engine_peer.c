@@ -795,12 +795,13 @@ START_TEST(relay_bound)
 END_TEST
 
 /* What a relay refuses: a message with no hops left, one that claims a
- * source whose route does not come through the neighbour that sent it, and
- * one for a host that is not in the table. */
+ * source whose route does not come through the neighbour that sent it, one
+ * for a host that is not in the table, and one from the right neighbour
+ * over a cable the route does not take. */
 START_TEST(relay_refused)
 {
     eng_harness_t h;
-    eng_peer_t *a, *c;
+    eng_peer_t *a, *b, *c;
     tb_topo_t t;
 
     middle_of_three(&h, &a, &c, &t);
@@ -818,6 +819,14 @@ START_TEST(relay_refused)
     relay_through(a, &t, 0, 3, 2, 'x', 8);
     ck_assert_int_eq(a->state, ENG_PEER_FAILED);
     ck_assert_uint_eq(h.e->relayed_msgs, 0);
+    eh_fini(&h);
+
+    /* Host 0's engine, but over the cable that leads to host 2. */
+    middle_of_three(&h, &a, &c, &t);
+    b = eh_peer_on(&h, 1, 1);
+    relay_through(b, &t, 0, 2, 2, 'x', 8);
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
     eh_fini(&h);
 }
 END_TEST
