@@ -130,7 +130,7 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     tb_topo_t *t = NULL;
     const char *why = NULL;
     eng_msg_t *m;
-    int me, rc = -1;
+    int me, built, rc = -1;
 
     if (0 == len || 0 != len % sizeof(tb_wire_ehost_t)
         || n > (size_t) TB_TOPO_MAX_HOSTS * TB_TOPO_MAX_DEVS) {
@@ -146,19 +146,17 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
         return 0;
     }
     t = calloc(1, sizeof(*t));
-    rc = NULL == t ? -ENOMEM : tb_ehosts_topo(payload, n, t, &why);
-    if (-ENOMEM == rc) {
+    built = NULL == t ? -ENOMEM : tb_ehosts_topo(payload, n, t, &why);
+    if (-ENOMEM == built) {
         TB_WARN("out of memory for the job's table of hosts: no routes through other hosts");
         rc = 0;
         goto out;
     }
-    if (0 != rc) {
+    if (0 != built) {
         TB_WARN("a rank gave a table of the job's hosts that makes no routes (%s): the rank is "
                 "dropped", why ? why : "malformed");
-        rc = -1;
         goto out;
     }
-    rc = -1;
     me = tb_topo_find(t, e->id);
     if (!table_has_me(e, t, me)) {
         tb_log_limited(&e->topo_warn, tb_now_ns(), TB_LOG_WARN,
