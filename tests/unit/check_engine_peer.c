@@ -12,6 +12,7 @@
 
 #include "engine_harness.h"
 #include "tb_cm.h"
+#include "tb_ehosts.h"
 #include "tb_log.h"
 #include "tb_sha256.h"
 #include "tb_x25519.h"
@@ -574,21 +575,12 @@ END_TEST
  * its topology in t, and in *b peer 1, this engine's neighbour. */
 static void line_of_three(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
 {
-    tb_topo_host_t hosts[3];
     const char *why = NULL;
 
     (void) setup(h);
     eh_relay_table(h);
-    memset(hosts, 0, sizeof(hosts));
-    for (unsigned i = 0; i < 4; ++i) {
-        const tb_wire_ehost_t *x = &h->relay_table[i];
-        unsigned k = 0 == i ? 0 : 3 == i ? 2 : 1;
-        memcpy(hosts[k].id, x->engine_id, TB_TOPO_ID_SIZE);
-        hosts[k].dev[x->dev].ipv4 = x->ipv4;
-        hosts[k].dev[x->dev].netmask = x->netmask;
-        hosts[k].ndev = x->dev + 1u;
-    }
-    ck_assert_int_eq(tb_topo_build(t, hosts, 3, &why), 0);
+    ck_assert_int_eq(tb_ehosts_topo(h->relay_table, 4, t, &why), 0);
+    ck_assert_uint_eq(t->nhosts, 3);
     *b = eh_peer(h, 1);
 }
 
