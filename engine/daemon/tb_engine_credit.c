@@ -142,16 +142,22 @@ void tb_eng_drop_waiting(eng_peer_t *p, const uint32_t *dst, uint32_t pid)
     }
 }
 
+/* Pinned beyond the shares of its ring and txq (ENG_REF_*). */
+static bool over_share(const eng_rank_t *r)
+{
+    return r->txq_len >= ENG_REF_TXQ || r->tx.cursor - r->tx.tail >= r->tx.size / ENG_REF_RING_SHARE;
+}
+
 /* A message that must wait for credit (or its channel): left in the rank's
- * ring while the rank's pinned share allows (ENG_REF_*), else copied out.
- * The record ending at end is consumed either way: 1 when it stays pinned
- * by a txq entry, 0 when the caller must mark it consumed. */
+ * ring unless the rank pins beyond its share and d is starved (ENG_REF_*),
+ * else copied out.  The record ending at end is consumed either way: 1 when
+ * it stays pinned by a txq entry, 0 when the caller must mark it consumed. */
 int tb_eng_hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t *h,
                 const void *payload, size_t len, uint64_t end)
 {
     uint32_t dst = tb_wire_le32(h->dst);
-    bool by_ref =
-        r->txq_len < ENG_REF_TXQ && r->tx.cursor - r->tx.tail < r->tx.size / ENG_REF_RING_SHARE;
+    uint64_t now = tb_now_ns();
+    bool by_ref = !over_share(r) || !tb_eng_dst_starved(d, now);
     eng_msg_t *m = by_ref ? tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), NULL, 0)
                           : tb_eng_msg_new(0, h->tag, 0, dst, h, sizeof(*h), payload, len);
 
@@ -169,13 +175,18 @@ int tb_eng_hold(eng_peer_t *p, eng_dst_t *d, eng_rank_t *r, const tb_wire_emsg_t
         r->e->tx_copied += len;
     }
     tb_eng_msg_append(&p->wait_head, &p->wait_tail, m);
+    if (0 == d->nwait) {
+        d->moved_ns = now;
+    }
     d->nwait++;
     p->credit_changed = true;
     r->held_bytes += ENG_MSG_COST(m->len);
     return by_ref;
 }
 
-void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
+/* Copies out r's pinned messages: all, or those whose destination is
+ * starved at now. */
+static void unpin(tb_engine_t *e, eng_rank_t *r, bool all, uint64_t now)
 {
     for (unsigned i = 0; i < e->npeers && r->npinned; ++i) {
         eng_peer_t *p = e->peers[i];
@@ -183,7 +194,8 @@ void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
 
         while ((m = *pp)) {
             size_t len = m->len - sizeof(tb_wire_emsg_t);
-            if (NULL == m->ref || m->ref->rank != r) {
+            if (NULL == m->ref || m->ref->rank != r
+                || (!all && !tb_eng_dst_starved(tb_eng_dst_of(p, m->vpid, -1), now))) {
                 pp = &m->next;
                 continue;
             }
@@ -217,6 +229,24 @@ void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
             pp = &c->next;
         }
     }
+}
+
+void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r)
+{
+    unpin(e, r, true, 0);
+}
+
+/* Looked for at most every quarter of ENG_UNPIN_AFTER_NS: the walk is of
+ * every peer's waiting list. */
+void tb_eng_peers_unpin_starved(tb_engine_t *e, eng_rank_t *r)
+{
+    uint64_t now;
+
+    if (0 == r->npinned || !over_share(r) || (now = tb_now_ns()) < r->unpin_check_ns) {
+        return;
+    }
+    r->unpin_check_ns = now + ENG_UNPIN_AFTER_NS / 4;
+    unpin(e, r, false, now);
 }
 
 /* What waited for credit, in order per destination. */

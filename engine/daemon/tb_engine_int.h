@@ -134,12 +134,17 @@ typedef struct eng_msg {
     uint8_t data[];
 } eng_msg_t;
 
-/* A message waits for credit in its rank's ring, not copied, while the ring
- * bytes and txq entries the rank has pinned stay under these shares of them:
- * beyond, it is copied, so a destination that does not read can never fill
- * its senders' rings (they would stop sending to anyone). */
+/* A message waits for credit in its rank's ring, not copied.  Beyond these
+ * shares of the ring's bytes and txq entries pinned, what waits for a
+ * destination whose credit has not moved for ENG_UNPIN_AFTER_NS is copied
+ * out, so a destination that does not read can never fill its senders' rings
+ * (they would stop sending to anyone); what waits for a destination whose
+ * credit flows stays, and a full ring holds its rank back instead. */
 #define ENG_REF_RING_SHARE 2u /* at most 1/2 of the ring */
 #define ENG_REF_TXQ (ENG_TXQ / 2)
+/* Longer than the engine's sleeps while traffic flows (20 ms) plus a wait for
+ * a CPU, short beside a computation that stops a destination reading. */
+#define ENG_UNPIN_AFTER_NS (100ull * 1000000ull)
 
 /* What a held message of len bytes costs the engine, its header and the
  * allocator's own included: the bounds on held messages (held_max) count
@@ -185,6 +190,7 @@ struct eng_rank {
      * overflow, and the rank is not freed. */
     eng_peer_t *placing;
     unsigned npinned; /* its messages waiting for credit left in tx (eng_msg_t.ref) */
+    uint64_t unpin_check_ns; /* pinned beyond its share: when to look for starved ones */
 };
 
 /* Credit toward one rank behind a peer engine.  An engine serves at most
@@ -197,6 +203,7 @@ typedef struct eng_dst {
     uint32_t nwait;   /* messages waiting for credit */
     uint32_t blocked; /* a mark for the scan of the waiting list */
     uint8_t adder;    /* the slot of the rank that named it, ENG_DST_NOBODY once it left */
+    uint64_t moved_ns; /* its credit last came back, or a message began to wait for it */
 } eng_dst_t;
 
 typedef enum {
@@ -370,8 +377,15 @@ static inline void tb_eng_credit_give(eng_peer_t *p, eng_dst_t *d, uint32_t c)
 {
     c = c < d->used ? c : d->used;
     d->used -= c;
+    d->moved_ns = tb_now_ns();
     p->used_total -= c < p->used_total ? c : p->used_total;
     p->credit_changed = true;
+}
+
+/* What waits for d has waited ENG_UNPIN_AFTER_NS with no credit back. */
+static inline bool tb_eng_dst_starved(const eng_dst_t *d, uint64_t now)
+{
+    return d->nwait && now - d->moved_ns >= ENG_UNPIN_AFTER_NS;
 }
 
 /* A DATA message of plen payload bytes from p fits rank r's credit window at
@@ -531,8 +545,10 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
 int tb_eng_peers_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peers_forget_rank(tb_engine_t *e, eng_rank_t *r);
 /* r's messages waiting for credit in its ring are copied out, so its ring and
- * txq move on (they pin more than their share). */
+ * txq move on: all of them (the rank goes), or those for destinations starved
+ * (it pins more than its share). */
 void tb_eng_peers_unpin(tb_engine_t *e, eng_rank_t *r);
+void tb_eng_peers_unpin_starved(tb_engine_t *e, eng_rank_t *r);
 void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const char *why);
 size_t tb_eng_peers_unacked(tb_engine_t *e);
 unsigned tb_eng_peers_open(tb_engine_t *e);

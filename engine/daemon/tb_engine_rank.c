@@ -365,11 +365,7 @@ int tb_eng_rank_tx_progress(eng_rank_t *r)
     /* A share at a time: the devices are polled between shares, however
      * fast the rank writes (a long pass starves the links' receives). */
     while (ENG_RANK_ATTACHED == r->state && taken < ENG_TX_SHARE) {
-        if (r->npinned
-            && (r->txq_len >= ENG_REF_TXQ
-                || r->tx.cursor - r->tx.tail >= r->tx.size / ENG_REF_RING_SHARE)) {
-            tb_eng_peers_unpin(r->e, r);
-        }
+        tb_eng_peers_unpin_starved(r->e, r);
         if (r->txq_len >= ENG_TXQ - 1 || r->held_bytes > r->e->p.held_max) {
             r->blocked = true;
             break;
