@@ -13,7 +13,7 @@ TB_DEBIAN_PACKAGES=(
     build-essential autoconf automake libtool pkg-config
     libopenmpi-dev openmpi-bin libibverbs-dev check libhwloc-dev
     qemu-system-x86 qemu-utils debootstrap e2fsprogs iproute2 util-linux
-    ca-certificates curl file python3
+    ca-certificates curl file python3 debian-archive-keyring
     clang libclang-rt-14-dev llvm
 )
 
