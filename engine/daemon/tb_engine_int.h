@@ -142,9 +142,10 @@ typedef struct eng_msg {
  * credit flows stays, and a full ring holds its rank back instead. */
 #define ENG_REF_RING_SHARE 2u /* at most 1/2 of the ring */
 #define ENG_REF_TXQ (ENG_TXQ / 2)
-/* Longer than the engine's sleeps while traffic flows (20 ms) plus a wait for
- * a CPU, short beside a computation that stops a destination reading. */
-#define ENG_UNPIN_AFTER_NS (100ull * 1000000ull)
+/* Longer than credit takes to come back on a busy host (100 ms copied out
+ * half of a 1 MiB stream with 4 ranks per host on the virtual cluster), short
+ * beside a computation that stops a destination reading. */
+#define ENG_UNPIN_AFTER_NS (1000ull * 1000000ull)
 
 /* What a held message of len bytes costs the engine, its header and the
  * allocator's own included: the bounds on held messages (held_max) count
