@@ -2,8 +2,9 @@
  * tbrdma host engine, daemon: credit toward the ranks behind a peer engine
  * (a table of destinations per peer, of a fixed size whatever vpids the
  * ranks name), and the messages that wait for it: left in the sending
- * rank's ring while the rank pins less than its share, else copied out, and
- * sent in order per destination once credit comes.
+ * rank's ring, copied out only when the rank pins more than its share and
+ * their destination's credit has stopped (ENG_UNPIN_AFTER_NS), and sent in
+ * order per destination once credit comes.
  */
 #include "tb_engine_int.h"
 
