@@ -1,4 +1,14 @@
-# Sourced by the guest halves of bench/mpi (guest-bench-mpi, guest-profile).
+# Sourced by the guest halves of the benchmarks (bench/mpi, bench/engine, bench/cables,
+# bench/routes).
+
+# sm_btl: Open MPI's shared-memory BTL, by its name in this Open MPI (4.1 calls it vader).
+sm_btl() {
+    if ompi_info --parsable 2>/dev/null | grep -q '^mca:btl:sm:'; then
+        echo sm
+    else
+        echo vader
+    fi
+}
 
 # bench_cable PROGRAM: the h0-h1 cable, as dev0 ip0 (h0's end), dev1 peer_ip (h1's
 # end) and cable_net (its /30), for perftest and TCP; exits if there is none.
