@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the guest halves of the benchmarks (bench/mpi, bench/engine, bench/cables,
 # bench/routes).
 
