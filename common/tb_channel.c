@@ -209,6 +209,9 @@ static void tb_ch_fail_why(tb_channel_t *ch, int status, int notify, const char 
     ch->state = CH_FAILED;
     ch->status = status;
     TB_WARN("channel to peer epoch %016llx failed: %s", (unsigned long long) ch->peer_epoch, why);
+    if (notify && ch->cb.unsent) {
+        tb_ch_tx_hand_back(ch);
+    }
     if (notify && ch->cb.error) {
         ch->cb.error(ch->cb.ctx, status, why);
     }
@@ -590,6 +593,7 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         ch->tick_ns = 1;
     }
     ch->next_msg_id = ch->p.initial_seq[0];
+    ch->release_msg = ch->next_msg_id;
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
         tb_tx_lane_t *t = &ch->tx[l];
         tb_rx_lane_t *r = &ch->rx[l];
@@ -608,6 +612,7 @@ int tb_channel_create(const tb_channel_params_t *params, tb_link_t *link,
         t->frag_cap = ch->p.frame_size[l] - TB_WIRE_HDR_SIZE;
         t->post_min = (frames - 1) * TB_WIRE_HW_FRAME + 1;
         t->una = t->next_seq = t->retx_next = t->retx_end = ch->p.initial_seq[l];
+        t->keep = t->una;
         t->next_tsn = ch->p.initial_seq[l];
         t->peer_limit = ch->p.initial_seq[l] - 1;
         /* Coalesce acks over half the receives; the sender asks for one

@@ -142,6 +142,18 @@ typedef struct tb_channel_callbacks {
      * the channel.  Reported from tb_channel_progress, never from inside
      * tb_channel_send. */
     void (*send_done)(void *ctx, void *cookie, int status);
+    /* Optional: the channel failed (not for tb_channel_abort).  Called just
+     * before error, once for every message the peer may not have delivered,
+     * whole, in send order: every message from the oldest one not wholly
+     * acknowledged on, including those still queued.  Every earlier message
+     * the peer delivered (frames are let go in message order).  The bytes
+     * (len in all, in iovcnt pieces) are valid only during the call; the
+     * sends still complete with the error afterwards.  A message of more
+     * frames than the lane's send window cannot be kept whole: it comes with
+     * iov NULL once part of it was let go.  Keeping messages whole holds
+     * acked frames a little longer (behind an older message on the other
+     * lane), so a channel without this callback does not. */
+    void (*unsent)(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len);
     /* The channel failed (status, and a sentence for the user); called once,
      * not for tb_channel_abort.  Pending sends then complete with status;
      * later sends fail at once. */

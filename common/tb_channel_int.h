@@ -68,6 +68,7 @@ typedef struct tb_tx_frame {
     uint8_t is_ctrl;
     uint8_t retx;     /* retransmitted: its ack gives no round-trip sample */
     uint8_t sacked;   /* the peer holds it: never resend */
+    uint8_t whole;    /* its message fits the window: kept till it is let go whole */
     uint64_t sent_ns; /* latest transmission */
 } tb_tx_frame_t;
 
@@ -77,6 +78,10 @@ typedef struct tb_tx_lane {
     uint32_t frag_cap;  /* payload bytes per frame */
     uint32_t post_min;  /* shortest post with the lane's frame count */
     uint32_t una;       /* oldest unacked seq */
+    /* Oldest frame still held: acked frames are let go only in message order,
+     * once every earlier message is wholly acked too (tb_ch_tx_release), so
+     * what a failed channel hands back is whole (tb_ch_tx_hand_back). */
+    uint32_t keep;
     uint32_t next_seq;  /* seq of the next new frame */
     uint32_t retx_next; /* retransmit seqs [retx_next, retx_end): */
     uint32_t retx_end;  /* equal when nothing is to be resent */
@@ -164,6 +169,7 @@ struct tb_channel {
     unsigned hellos_sent;
     uint64_t peer_epoch;
     uint32_t next_msg_id;
+    uint32_t release_msg; /* every message before it is wholly acked */
     uint32_t next_deliver;
     int ack_now;
     int in_callback;
@@ -202,6 +208,8 @@ void tb_ch_tx_goback(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t end);
 void tb_ch_tx_nak(tb_channel_t *ch, tb_tx_lane_t *t, uint32_t gap, uint32_t sack);
 void tb_ch_tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t);
 void tb_ch_tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t echo);
+void tb_ch_tx_release(tb_channel_t *ch);
+void tb_ch_tx_hand_back(tb_channel_t *ch);
 int tb_ch_rx_repost(tb_channel_t *ch, unsigned lane, void *buf);
 
 #endif /* TB_CHANNEL_INT_H */

@@ -247,6 +247,10 @@ static int tx_new_frame(tb_channel_t *ch, unsigned lane)
     f->buf = buf;
     f->msg_id = req->msg_id;
     f->lane = (uint8_t) lane;
+    /* Kept whole only for an owner that takes messages back (unsent).  A
+     * message of more frames than the window never could be: its frames go
+     * as they are acked, and a failed channel cannot hand it back. */
+    f->whole = NULL != ch->cb.unsent && req->frags_total <= t->window;
     req->sent += plen;
     if (++req->frags_sent == req->frags_total) {
         t->q_cur = req->next;
@@ -448,6 +452,131 @@ void tb_ch_tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
     }
 }
 
+/* The oldest message not wholly acked, over every lane: its oldest unacked
+ * frame's, else the oldest it has yet to send. */
+static uint32_t tx_oldest_unacked(const tb_channel_t *ch)
+{
+    uint32_t oldest = ch->next_msg_id;
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        const tb_tx_lane_t *t = &ch->tx[l];
+        uint32_t m;
+        if (t->una != t->next_seq) {
+            m = t->ring[t->una % t->window].msg_id;
+        } else if (t->q_cur) {
+            m = t->q_cur->msg_id;
+        } else {
+            continue;
+        }
+        if (tb_seq_lt(m, oldest)) {
+            oldest = m;
+        }
+    }
+    return oldest;
+}
+
+/* Acked frames go back to the link once their message and every earlier one
+ * are wholly acked: the peer then has delivered them all (it delivers in
+ * order, as soon as it can), and a channel that fails still holds every
+ * message it may not have (tb_ch_tx_hand_back).  The oldest message can
+ * always complete (a whole one fits the window), so nothing waits for ever.
+ * A frame still posted goes at its completion. */
+void tb_ch_tx_release(tb_channel_t *ch)
+{
+    ch->release_msg = tx_oldest_unacked(ch);
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        tb_tx_lane_t *t = &ch->tx[l];
+        while (t->keep != t->una) {
+            tb_tx_frame_t *f = &t->ring[t->keep % t->window];
+            if (f->whole && !tb_seq_lt(f->msg_id, ch->release_msg)) {
+                break;
+            }
+            if (!f->posted) {
+                tb_ch_release_tx_frame(ch, f);
+            }
+            t->keep++;
+        }
+    }
+}
+
+/* The channel failed: every message from the oldest not wholly acked on,
+ * whole, in send order, to the unsent callback (which copies what it keeps).
+ * Some frames of it may be in send slots, the rest still in the caller's
+ * memory (a request not yet all sent). */
+void tb_ch_tx_hand_back(tb_channel_t *ch)
+{
+    uint32_t seq[TB_WIRE_MAX_LANES];
+    tb_send_req_t *req[TB_WIRE_MAX_LANES];
+
+    for (unsigned l = 0; l < ch->p.nlanes; l++) {
+        seq[l] = ch->tx[l].keep;
+        req[l] = ch->tx[l].q_cur;
+    }
+    for (;;) {
+        int lane = -1;
+        uint32_t best = 0, m = 0, len = 0;
+        uint8_t tag = 0;
+        int whole = 1;
+        unsigned n = 0, cap;
+        struct iovec *iov;
+        tb_tx_lane_t *t;
+
+        for (unsigned l = 0; l < ch->p.nlanes; l++) {
+            const tb_tx_lane_t *u = &ch->tx[l];
+            if (seq[l] != u->next_seq) {
+                m = u->ring[seq[l] % u->window].msg_id;
+            } else if (req[l]) {
+                m = req[l]->msg_id;
+            } else {
+                continue;
+            }
+            if (lane < 0 || tb_seq_lt(m, best)) {
+                lane = (int) l;
+                best = m;
+            }
+        }
+        if (lane < 0) {
+            return;
+        }
+        t = &ch->tx[lane];
+        cap = (seq[lane] != t->next_seq ? t->next_seq - seq[lane] : 0)
+              + (req[lane] && req[lane]->msg_id == best ? (unsigned) req[lane]->iovcnt : 0);
+        iov = calloc(cap ? cap : 1, sizeof(*iov));
+        if (!iov) {
+            TB_WARN("out of memory handing back the unacknowledged messages of a failed "
+                    "channel: the rest are lost");
+            return;
+        }
+        while (seq[lane] != t->next_seq && t->ring[seq[lane] % t->window].msg_id == best) {
+            const tb_wire_frame_hdr_t *h = t->ring[seq[lane] % t->window].buf;
+            if (0 == n && 0 != tb_wire_le32(h->frag_offset)) {
+                whole = 0; /* larger than the window: its first frames are gone */
+            }
+            iov[n].iov_base = (unsigned char *) t->ring[seq[lane] % t->window].buf
+                              + TB_WIRE_HDR_SIZE;
+            iov[n++].iov_len = tb_wire_le32(h->payload_len);
+            tag = h->tag;
+            len = tb_wire_le32(h->msg_len);
+            seq[lane]++;
+        }
+        if (req[lane] && req[lane]->msg_id == best) {
+            tb_send_req_t *r = req[lane];
+            for (int i = r->iov_idx; i < r->iovcnt; i++) {
+                size_t skip = i == r->iov_idx ? r->iov_off : 0;
+                iov[n].iov_base = (unsigned char *) r->iov[i].iov_base + skip;
+                iov[n++].iov_len = r->iov[i].iov_len - skip;
+            }
+            tag = r->tag;
+            len = r->len;
+            req[lane] = r->next;
+        }
+        ch->in_callback++;
+        ch->cb.unsent(ch->cb.ctx, tag, whole ? iov : NULL, whole ? (int) n : 0, len);
+        ch->in_callback--;
+        free(iov);
+    }
+}
+
 void tb_ch_tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t echo)
 {
     tb_tx_lane_t *t = &ch->tx[lane];
@@ -477,11 +606,9 @@ void tb_ch_tx_ack(tb_channel_t *ch, unsigned lane, uint32_t new_una, uint16_t ec
             orig_ns = f->first_ns;
         }
         f->acked = 1;
-        if (!f->posted) {
-            tb_ch_release_tx_frame(ch, f);
-        }
         t->una++;
     }
+    tb_ch_tx_release(ch);
     t->probing = 0;
     if (sent_ns != 0 && sent_ns >= resent_ns) {
         tb_ch_rtt_sample(ch, lane, ch->now - sent_ns);
@@ -511,7 +638,8 @@ void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)
         /* Releases every frame not posted, this one included. */
         tb_ch_fail(ch, TB_CHAN_ELINK, "send completion error %d on lane %u", status, f->lane);
     }
-    if (f->is_ctrl || f->acked || !tb_ch_usable(ch)) {
+    if (f->is_ctrl || (f->acked && (!f->whole || tb_seq_lt(f->msg_id, ch->release_msg)))
+        || !tb_ch_usable(ch)) {
         tb_ch_release_tx_frame(ch, f);
     }
 }
@@ -640,6 +768,7 @@ int tb_channel_send_commit(tb_channel_t *ch)
     ch->begun = NULL;
     len = tb_wire_le32(((tb_wire_frame_hdr_t *) f->buf)->payload_len);
     f->msg_id = ch->next_msg_id++;
+    f->whole = NULL != ch->cb.unsent;
     ch->cnt.msgs_sent++;
     ch->cnt.bytes_sent += len;
     return tx_first_post(ch, &ch->tx[f->lane], f, len) == 0 ? TB_CHAN_OK : ch->status;

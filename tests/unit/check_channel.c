@@ -48,6 +48,12 @@ typedef struct peer {
     int use_place;      /* place multi-frame messages (recv_place) */
     unsigned placed;    /* messages delivered through recv_placed */
     unsigned char *dst; /* the destination of the message being placed */
+    /* What the channel handed back when it failed (unsent): each message's
+     * length, tag and checksum, in the order given. */
+    unsigned nunsent;
+    uint32_t unsent_len[MAX_MSGS];
+    uint8_t unsent_tag[MAX_MSGS];
+    uint32_t unsent_crc[MAX_MSGS];
     struct pair *pair;
 } peer_t;
 
@@ -177,6 +183,27 @@ static void on_send_done(void *ctx, void *cookie, int status)
     pe->last_send_status = status;
 }
 
+static void on_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len)
+{
+    peer_t *pe = ctx;
+    uint32_t crc = 0;
+    size_t total = 0;
+
+    ck_assert_uint_lt(pe->nunsent, MAX_MSGS);
+    ck_assert_uint_eq(pe->errors, 0); /* before error, not after */
+    if (NULL == iov) {
+        crc = ~0u; /* larger than the window, and partly let go */
+    }
+    for (int i = 0; iov && i < iovcnt; i++) {
+        crc = tb_crc32c(crc, iov[i].iov_base, iov[i].iov_len);
+        total += iov[i].iov_len;
+    }
+    ck_assert(NULL == iov || total == len);
+    pe->unsent_len[pe->nunsent] = (uint32_t) len;
+    pe->unsent_tag[pe->nunsent] = tag;
+    pe->unsent_crc[pe->nunsent++] = crc;
+}
+
 static void on_error(void *ctx, int status, const char *why)
 {
     peer_t *pe = ctx;
@@ -185,6 +212,9 @@ static void on_error(void *ctx, int status, const char *why)
     pe->error_status = status;
     pe->error_ns = pe->pair->now;
 }
+
+/* Channels made from now on take back what they did not deliver (unsent). */
+static int hand_back;
 
 static pair_t *pair_new(const tb_lossy_cfg_t *cfg, const tb_channel_params_t *params)
 {
@@ -219,6 +249,7 @@ static void pair_create_side(pair_t *pr, int i)
         .recv_place = on_recv_place,
         .recv_placed = on_recv_placed,
         .send_done = on_send_done,
+        .unsent = hand_back ? on_unsent : NULL,
         .error = on_error,
     };
     ck_assert_int_eq(tb_channel_create(&pr->params[i], tb_lossy_link(pr->net, i), &cb,
@@ -1042,6 +1073,63 @@ START_TEST(test_peer_death_pending)
     ck_assert_uint_eq(pr->p[1].bufs_out, 0);
     ck_assert_uint_eq(pr->flow[1].bad, 0);
     pair_free(pr);
+}
+END_TEST
+
+/* A channel whose peer dies mid-traffic hands back, whole and in order,
+ * every message from the first the peer did not deliver on: what the peer
+ * delivered and what comes back cover everything sent, with no gap, so an
+ * owner can send the rest again elsewhere and drop duplicates by a number of
+ * its own.  Both lanes, messages of one to five frames, loss, and sends
+ * still queued when it fails. */
+START_TEST(test_hand_back)
+{
+    hand_back = 1;
+    for (uint64_t seed = 1; seed <= 24; seed++) {
+        tb_lossy_cfg_t cfg;
+        tb_channel_params_t p;
+        pair_t *pr;
+        flow_t *f;
+        unsigned delivered, first;
+
+        /* The bulk lane loses more, so its messages lag behind later small
+         * ones that are acked already: those must come back too. */
+        std_setup(&cfg, &p);
+        cfg.loss = 0.02;
+        cfg.lane_loss[1] = 0.25;
+        cfg.seed = 40 + seed;
+        pr = pair_new(&cfg, &p);
+        pair_connect(pr);
+        ck_assert(run_until(pr, both_connected, 2000 * MS));
+        f = &pr->flow[1];
+
+        /* Kept whole, acked frames wait for older messages: nothing stalls. */
+        mixed_traffic(pr, 200, 90 + seed, 1);
+        ck_assert(run_until(pr, all_done, 20000 * MS));
+        check_clean(pr);
+        mixed_traffic(pr, 120, 70 + seed, 0);
+        run_for(pr, (1 + seed) * 300 * 1000);
+        tb_lossy_set_dead(pr->net, 1, 1);
+        delivered = f->nrecv;
+        for (unsigned i = 0; i < 10; i++) {
+            ck_assert_int_eq(send_msg(pr, 0, 5000 + 20000 * i, 3), TB_CHAN_OK);
+        }
+        ck_assert(run_until(pr, p0_failed, 5000 * MS));
+        ck_assert_uint_eq(f->bad, 0);
+        ck_assert_uint_gt(pr->p[0].nunsent, 0);
+        ck_assert_uint_le(pr->p[0].nunsent, f->nsent);
+        first = f->nsent - pr->p[0].nunsent;
+        ck_assert_msg(first <= delivered, "seed %llu: message %u on were handed back, but the "
+                      "peer delivered only %u", (unsigned long long) seed, first, delivered);
+        for (unsigned j = 0; j < pr->p[0].nunsent; j++) {
+            unsigned i = first + j;
+            ck_assert_uint_eq(pr->p[0].unsent_len[j], f->lens[i]);
+            ck_assert_uint_eq(pr->p[0].unsent_tag[j], f->tags[i]);
+            ck_assert_uint_eq(pr->p[0].unsent_crc[j], tb_crc32c(0, src + f->offs[i], f->lens[i]));
+        }
+        pair_free(pr);
+    }
+    hand_back = 0;
 }
 END_TEST
 
@@ -2048,6 +2136,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_unanswered_overdue);
     tcase_add_test(tc, test_stall_timeout);
     tcase_add_test(tc, test_peer_death_pending);
+    tcase_add_test(tc, test_hand_back);
     tcase_add_test(tc, test_peer_death_idle);
     tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_late_peer);
