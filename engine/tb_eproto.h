@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 6
+#define TB_WIRE_ENGINE_VERSION 7
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -212,7 +212,12 @@ typedef struct __attribute__((packed)) tb_wire_erelay {
     uint16_t dst_host;
     uint8_t tag;       /* the message's own: DATA, CREDIT, GONE or UNREACH */
     uint8_t hops_left; /* set to the number of hosts; a relay that finds 0 drops it */
-    uint8_t reserved[6];
+    /* 0: between two engines no cable joins, along the table's route.  d + 1:
+     * the traffic of src_host's cable on its device d to dst_host, which
+     * failed, going round it: over another cable to dst_host, or through one
+     * host cabled to both (daemon/tb_engine_route.c). */
+    uint8_t flow;
+    uint8_t reserved[5];
 } tb_wire_erelay_t;
 
 _Static_assert(sizeof(tb_wire_erelay_t) == 16, "relay header layout");
@@ -231,9 +236,15 @@ typedef struct __attribute__((packed)) tb_wire_emsg {
     uint32_t credit;  /* CREDIT */
     uint32_t src_pid; /* DATA, GONE: as the source's engine saw it attach */
     uint32_t dst_pid; /* DATA: as the sender read it in the modex */
+    /* The message's number in its flow (one per peer engine and cable, or
+     * per routed peer), from 0: a flow whose cable fails is sent again,
+     * from the oldest message the channel may not have delivered, another
+     * way, and the receiver drops what it already has by this number. */
+    uint32_t seq;
+    uint32_t reserved2;
 } tb_wire_emsg_t;
 
-_Static_assert(sizeof(tb_wire_emsg_t) == 24, "engine message layout");
+_Static_assert(sizeof(tb_wire_emsg_t) == 32, "engine message layout");
 
 /* Credit between engines (per destination rank, the receiving engine's
  * window) counts what a DATA message costs its receiver, not only its

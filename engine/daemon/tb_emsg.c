@@ -33,6 +33,7 @@ int tb_emsg_parse(uint8_t tag, const void *data, size_t len, tb_wire_emsg_t *h, 
         return -1;
     }
     if (0 != (h->flags & ~allowed) || 0 != h->reserved[0] || 0 != h->reserved[1]
+        || 0 != h->reserved2
         || (TB_ETAG_CREDIT != tag && 0 != h->credit)
         || (TB_ETAG_CREDIT == tag && (0 != h->src_pid || 0 != h->dst_pid))
         || (TB_ETAG_GONE == tag && 0 != h->dst_pid)) {

@@ -88,7 +88,7 @@ bool tb_eng_credit_ok(const eng_peer_t *p, const eng_dst_t *d, size_t len)
 {
     uint64_t cost = tb_ecredit_cost(len);
 
-    if (p->via && 0 != p->used_total
+    if (tb_eng_peer_relayed(p) && 0 != p->used_total
         && p->used_total + cost > p->e->p.credit_window / ENG_ROUTED_WINDOW_SHARE) {
         return false;
     }
@@ -259,7 +259,7 @@ int tb_eng_send_waiting(eng_peer_t *p)
     int n = 0, rc, src;
 
     if (NULL == ch || NULL == p->wait_head || !p->credit_changed ||
-        ENG_PEER_CONNECTED != p->state) {
+        ENG_PEER_CONNECTED != p->state || NULL != p->resend_head) {
         return 0;
     }
     p->credit_changed = false;
@@ -296,10 +296,15 @@ int tb_eng_send_waiting(eng_peer_t *p)
             struct iovec iov[2] = {{&m->ref->hdr, sizeof(tb_wire_emsg_t)},
                                    {(void *) m->payload, len}};
             memcpy(&m->ref->hdr, m->data, sizeof(tb_wire_emsg_t));
+            tb_eng_seq_put(p, &m->ref->hdr);
             rc = tb_eng_peer_sendv(p, ch, TB_ETAG_DATA, iov, 2, m->ref);
         } else {
             struct iovec iov = {m->data, m->len};
+            tb_eng_seq_put(p, m->data);
             rc = tb_eng_peer_sendv(p, ch, TB_ETAG_DATA, &iov, 1, m);
+        }
+        if (TB_CHAN_OK == rc) {
+            tb_eng_seq_sent(p);
         }
         if (ENG_PEER_CONNECTED != p->state) {
             /* Failed meanwhile: the list is gone; m is the channel's if it

@@ -7,7 +7,9 @@
 #define TB_ENGINE_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -67,13 +69,14 @@ enum {
 #define ENG_ROUTED_WINDOW_SHARE 4u
 /* What a relay holds for the neighbour of host index nh, forwarded or
  * waiting for the next hop, per pair of hosts whose route comes through that
- * neighbour to be passed on from here (the only pairs it may send for): the
+ * neighbour to be passed on from here (the only pairs it may send for, with
+ * the detours of its own cables through here): the
  * source's routed window counts payload + 64 per message, which holding costs
  * at most 1.75 times (ENG_MSG_COST of an empty DATA); the CREDIT messages
  * for the opposite pair, not under credit, at most one per message it
  * answers, as much again; so four quarter windows, and one largest message. */
 #define ENG_RELAY_HOLD(e, nh)                                                            \
-    ((uint64_t) (e)->relay_pairs_from[nh]                                               \
+    ((uint64_t) ((e)->relay_pairs_from[nh] + (e)->detour_pairs_from[nh])                \
      * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
 /* Relayed messages that came before this host's ranks gave the job's table
  * (they wait for it): at most this many bytes, then the neighbour is cut. */
@@ -256,7 +259,10 @@ struct eng_peer {
     unsigned ngone;
     /* A routed peer (an engine no cable of this host reaches): its messages
      * go over via's channel behind relay[tag] (tb_engine_route.c); host is
-     * its index in the job's table, used_total what is in flight to it. */
+     * its index in the job's table, used_total what is in flight to it.  A
+     * peer over a cable that failed goes round it the same way (detoured:
+     * via set, not routed; tb_eng_peer_detour). */
+    bool routed;
     eng_peer_t *via;
     unsigned host;
     uint64_t used_total;
@@ -266,6 +272,16 @@ struct eng_peer {
      * it (its queue here and elsewhere, and in channels). */
     eng_msg_t *fwd_head, *fwd_tail;
     uint64_t relay_held;
+    /* Its flow's numbers (tb_wire_emsg_t.seq): the next to send, the next
+     * expected; duplicates dropped.  What its failed channel handed back,
+     * in order, goes again before anything else (resend_cost: the credit
+     * cost of the DATA among it, not in flight while it waits). */
+    uint32_t tx_seq, rx_seq;
+    uint64_t dups;
+    eng_msg_t *resend_head, *resend_tail;
+    uint64_t resend_cost;
+    unsigned nresent;
+    bool lost_unsent; /* its channel could not hand back everything */
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */
@@ -357,6 +373,9 @@ struct tb_engine {
     /* Per neighbour host: the pairs of hosts that relay through it to here
      * and on (ENG_RELAY_HOLD). */
     uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
+    /* And the pairs whose cable may fail and go round through here: the
+     * neighbour and each other host cabled to both (ENG_RELAY_HOLD). */
+    uint16_t detour_pairs_from[TB_TOPO_MAX_HOSTS];
     /* Per pair of hosts (src, dst) whose route reaches this engine, passing
      * through or ending here: the neighbour it comes from, plus one (0 for
      * the other pairs), and this engine's device its cable ends on.  Every
@@ -364,6 +383,27 @@ struct tb_engine {
     uint8_t arrive_from[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_HOSTS];
     uint8_t arrive_dev[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_HOSTS];
 };
+
+/* The next number of p's flow into the header h of a message (not yet
+ * counted: tb_eng_seq_sent once the channel took it). */
+static inline void tb_eng_seq_put(const eng_peer_t *p, void *h)
+{
+    uint32_t seq = tb_wire_le32(p->tx_seq);
+
+    memcpy((uint8_t *) h + offsetof(tb_wire_emsg_t, seq), &seq, sizeof(seq));
+}
+
+static inline void tb_eng_seq_sent(eng_peer_t *p)
+{
+    p->tx_seq++;
+}
+
+/* p's messages go through another host (routed, or detoured through one):
+ * they share a part of the credit window, which bounds what relays hold. */
+static inline bool tb_eng_peer_relayed(const eng_peer_t *p)
+{
+    return NULL != p->via && 0 != memcmp(p->via->id, p->id, sizeof(p->id));
+}
 
 /* Credit toward destination d behind p: a DATA message of plen payload bytes
  * taken, and c bytes given back; the peer's total moves with it (a routed
@@ -490,6 +530,11 @@ eng_peer_t *tb_eng_routed_peer(tb_engine_t *e, const uint8_t *id, const char **w
 void *tb_eng_peer_send_begin(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, size_t len);
 int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct iovec *iov,
                       int iovcnt, void *cookie);
+/* p's cable failed (status, why): its traffic goes round it, over another
+ * cable to the same host or through a host cabled to both, and what the
+ * channel handed back goes again first.  False when there is no way round
+ * (or p may not take one): p must fail. */
+bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why);
 /* A RELAY message from neighbour p. */
 void tb_eng_relay_recv(eng_peer_t *p, const void *data, size_t len);
 /* Neighbour q failed: what waited to go through it is dropped, and the ends

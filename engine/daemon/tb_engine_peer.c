@@ -21,6 +21,7 @@
 static void chan_recv(void *ctx, uint8_t tag, const void *data, size_t len);
 static void chan_send_done(void *ctx, void *cookie, int status);
 static void chan_error(void *ctx, int status, const char *why);
+static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len);
 static void *chan_recv_place(void *ctx, uint8_t tag, size_t len, const void *head,
                              size_t head_len, size_t *skip);
 static void chan_recv_placed(void *ctx, uint8_t tag, const void *head, size_t skip, size_t len);
@@ -31,7 +32,7 @@ eng_peer_t *tb_eng_peer_for(tb_engine_t *e, unsigned dev, const uint8_t *id, boo
 
     for (unsigned i = 0; i < e->npeers; ++i) {
         p = e->peers[i];
-        if (NULL == p->via && p->dev == dev && 0 == memcmp(p->id, id, sizeof(p->id))) {
+        if (!p->routed && p->dev == dev && 0 == memcmp(p->id, id, sizeof(p->id))) {
             return p;
         }
     }
@@ -69,6 +70,18 @@ static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
     inet_ntop(AF_INET, &a, ip, sizeof(ip));
     snprintf(buf, len, "%s (%s) to %s", p->e->devs[p->dev].dev->name,
              p->e->devs[p->dev].dev->netdev, p->known ? ip : "a peer engine");
+}
+
+static void drop_resends(eng_peer_t *p)
+{
+    eng_msg_t *m;
+
+    while ((m = p->resend_head)) {
+        p->resend_head = m->next;
+        free(m);
+    }
+    p->resend_tail = NULL;
+    p->resend_cost = 0;
 }
 
 static void drop_notices(eng_peer_t *p)
@@ -157,7 +170,8 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
     }
     tb_eng_drop_waiting(p, NULL, 0);
     drop_notices(p);
-    if (NULL == p->via) {
+    drop_resends(p);
+    if (!p->routed && NULL == p->via) {
         tb_eng_relay_lost(p, text);
     }
     p->destroy = NULL != p->conn;
@@ -180,6 +194,7 @@ int tb_eng_peer_make_conn(eng_peer_t *p)
                                  .recv_place = chan_recv_place,
                                  .recv_placed = chan_recv_placed,
                                  .send_done = chan_send_done,
+                                 .unsent = chan_unsent,
                                  .error = chan_error};
     tb_channel_params_t params;
     int rc;
@@ -235,13 +250,14 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
     tb_wire_emsg_t h;
     size_t tlen = text ? strlen(text) : 0;
     bool behind = keep && NULL != p->notice_head;
+    int rc;
     eng_msg_t *m;
     void *slot;
 
     if (ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
         return true;
     }
-    if (ENG_PEER_CONNECTED != p->state || NULL == ch) {
+    if (ENG_PEER_CONNECTED != p->state || NULL == ch || NULL != p->resend_head) {
         if (!keep) {
             return false; /* later: see tb_eng_send */
         }
@@ -252,6 +268,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
     h.src_pid = tb_wire_le32(src_pid);
     h.dst = tb_wire_le32(dst);
     h.credit = tb_wire_le32(credit);
+    tb_eng_seq_put(p, &h);
     slot = behind ? NULL : tb_eng_peer_send_begin(p, ch, tag, sizeof(h) + tlen);
     if (slot) {
         memcpy(slot, &h, sizeof(h));
@@ -259,6 +276,7 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
             memcpy((uint8_t *) slot + sizeof(h), text, tlen);
         }
         (void) tb_channel_send_commit(ch);
+        tb_eng_seq_sent(p);
         return true;
     }
     m = tb_eng_msg_new(0, tag, 0, dst, &h, sizeof(h), text, tlen);
@@ -268,9 +286,11 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
         }
         return false;
     }
-    if (!behind && TB_CHAN_OK == peer_send(p, ch, m)) {
+    if (!behind && TB_CHAN_OK == (rc = peer_send(p, ch, m))) {
+        tb_eng_seq_sent(p);
         return true;
     }
+    (void) rc;
     if (!keep) {
         free(m);
         return false;
@@ -340,17 +360,21 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
      * tried again starts with a new channel, and the old one's sends would
      * be lost. */
     if (d->nwait || !tb_eng_credit_ok(p, d, h->len) || ENG_PEER_CONNECTED != p->state
-        || NULL == (ch = tb_eng_peer_channel(p))) {
+        || NULL != p->resend_head || NULL == (ch = tb_eng_peer_channel(p))) {
         if (!tb_eng_hold(p, d, r, &em, payload, h->len, end)) {
             tb_eng_tx_consumed(r, end);
         }
         return 1;
     }
+    tb_eng_seq_put(p, &em);
     slot = tb_eng_peer_send_begin(p, ch, TB_ETAG_DATA, sizeof(em) + h->len);
     if (slot) {
         memcpy(slot, &em, sizeof(em));
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
         rc = tb_channel_send_commit(ch);
+        /* Numbered even if the commit failed the channel: it was handed
+         * back then (tb_channel.h's unsent). */
+        tb_eng_seq_sent(p);
         if (TB_CHAN_OK == rc) {
             tb_eng_credit_take(p, d, h->len);
             e->tx_bytes += h->len;
@@ -374,6 +398,7 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
         tb_eng_tx_done(t);
         return 1;
     }
+    tb_eng_seq_sent(p);
     tb_eng_credit_take(p, d, h->len);
     /* The channel copies it into its send slots. */
     e->tx_bytes += h->len;
@@ -430,7 +455,8 @@ static int send_notices(eng_peer_t *p)
     eng_msg_t *m;
     int n = 0;
 
-    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->notice_head)) {
+    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL == p->resend_head
+           && NULL != (m = p->notice_head)) {
         /* Off the list before the channel has it: a send that fails the
          * peer at once (drop_notices) must not free it under the channel. */
         p->notice_head = m->next;
@@ -438,6 +464,7 @@ static int send_notices(eng_peer_t *p)
         if (NULL == p->notice_head) {
             p->notice_tail = NULL;
         }
+        tb_eng_seq_put(p, m->data);
         if (TB_CHAN_OK != peer_send(p, ch, m)) {
             if (ENG_PEER_CONNECTED != p->state) {
                 free(m);
@@ -450,6 +477,46 @@ static int send_notices(eng_peer_t *p)
             break;
         }
         /* The channel's now: freed at its completion. */
+        tb_eng_seq_sent(p);
+        ++n;
+    }
+    return n;
+}
+
+/* What p's failed channel handed back, in order, before anything else; over
+ * another host, within the share of the window a routed peer keeps in
+ * flight (what was in flight before still counts till its credit is back). */
+static int send_resends(eng_peer_t *p)
+{
+    tb_channel_t *ch = tb_eng_peer_channel(p);
+    uint64_t share = p->e->p.credit_window / ENG_ROUTED_WINDOW_SHARE;
+    eng_msg_t *m;
+    int n = 0;
+
+    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->resend_head)) {
+        uint64_t cost = TB_ETAG_DATA == m->tag ? tb_ecredit_cost(m->len - sizeof(tb_wire_emsg_t))
+                                               : 0;
+        uint64_t out = p->used_total - (p->resend_cost < p->used_total ? p->resend_cost
+                                                                        : p->used_total);
+        if (tb_eng_peer_relayed(p) && 0 != cost && 0 != out && out + cost > share) {
+            break;
+        }
+        p->resend_head = m->next;
+        if (NULL == p->resend_head) {
+            p->resend_tail = NULL;
+        }
+        if (TB_CHAN_OK != peer_send(p, ch, m)) {
+            if (ENG_PEER_CONNECTED != p->state) {
+                free(m);
+                break;
+            }
+            m->next = p->resend_head;
+            p->resend_head = m;
+            p->resend_tail = p->resend_tail ? p->resend_tail : m;
+            break;
+        }
+        p->resend_cost -= cost < p->resend_cost ? cost : p->resend_cost;
+        p->nresent++;
         ++n;
     }
     return n;
@@ -507,6 +574,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
             ++n;
             continue;
         }
+        n += send_resends(p);
         n += send_notices(p);
         n += tb_eng_send_waiting(p);
         n += return_credit(p);
@@ -545,7 +613,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     /* Relayed messages count too: an engine that only relays must keep the
      * pace of traffic (spin, short sleeps), or every hop waits its sleep. */
     e->rx_msgs++;
-    if (TB_ETAG_RELAY == tag && NULL == p->via) {
+    if (TB_ETAG_RELAY == tag && !p->routed) {
         tb_eng_relay_recv(p, data, len);
         return;
     }
@@ -554,6 +622,18 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         peer_violation(p, fault, why);
         return;
     }
+    /* Its flow's next message, or one it had already (sent again round a
+     * failed cable): nothing else can come, each way being in order. */
+    if ((int32_t) (tb_wire_le32(h.seq) - p->rx_seq) < 0) {
+        p->dups++;
+        return;
+    }
+    if (tb_wire_le32(h.seq) != p->rx_seq) {
+        peer_violation(p, "message out of sequence",
+                       "it sent a message out of sequence (one before it never came)");
+        return;
+    }
+    p->rx_seq++;
     src = tb_wire_le32(h.src);
     dst = tb_wire_le32(h.dst);
     switch (tag) {
@@ -661,9 +741,42 @@ static void chan_send_done(void *ctx, void *cookie, int status)
     }
 }
 
+/* The channel failed: a message it may not have delivered, to send again
+ * round the failed cable (tb_eng_peer_detour).  Only p's own flow: what it
+ * relayed, or sent for routed peers through this cable, is not (those
+ * routes fail, as before). */
+static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len)
+{
+    eng_peer_t *p = ctx;
+    eng_msg_t *m;
+    size_t off = 0;
+
+    if (TB_ETAG_DATA != tag && TB_ETAG_CREDIT != tag && TB_ETAG_GONE != tag) {
+        return;
+    }
+    if (NULL == iov || p->lost_unsent
+        || NULL == (m = tb_eng_msg_new(0, tag, 0, 0, NULL, 0, NULL, len))) {
+        p->lost_unsent = true;
+        return;
+    }
+    for (int i = 0; i < iovcnt; ++i) {
+        memcpy(m->data + off, iov[i].iov_base, iov[i].iov_len);
+        off += iov[i].iov_len;
+    }
+    m->kind = ENG_COOKIE_MSG;
+    if (TB_ETAG_DATA == tag && len >= sizeof(tb_wire_emsg_t)) {
+        p->resend_cost += tb_ecredit_cost(len - sizeof(tb_wire_emsg_t));
+    }
+    tb_eng_msg_append(&p->resend_head, &p->resend_tail, m);
+}
+
 static void chan_error(void *ctx, int status, const char *why)
 {
-    tb_eng_peer_fail(ctx, status, why);
+    eng_peer_t *p = ctx;
+
+    if (!tb_eng_peer_detour(p, status, why)) {
+        tb_eng_peer_fail(p, status, why);
+    }
 }
 
 /* ---- ranks coming and going ---------------------------------------------- */
@@ -709,6 +822,7 @@ size_t tb_eng_peers_unacked(tb_engine_t *e)
             continue;
         }
         n += p->wait_head ? 1 : 0;
+        n += p->resend_head ? 1 : 0;
         n += p->fwd_head ? 1 : 0; /* relayed for others: a relay drains it too */
         if (p->conn && 0 == tb_channel_status(tb_conn_channel(p->conn))) {
             n += tb_channel_unacked(tb_conn_channel(p->conn));
@@ -758,6 +872,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         eng_peer_t *p = e->peers[i];
         tb_eng_drop_waiting(p, NULL, 0);
         drop_notices(p);
+        drop_resends(p);
         tb_mem_wipe(p->pair_secret, sizeof(p->pair_secret));
         free(p);
         e->peers[i] = NULL;

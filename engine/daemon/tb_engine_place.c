@@ -38,8 +38,10 @@ void *tb_eng_peer_recv_place(eng_peer_t *p, uint8_t tag, size_t len, const void 
     eng_rank_t *r;
     size_t plen;
 
+    /* Only its flow's next message (a duplicate, or one out of sequence,
+     * takes the ordinary path, which drops or reports it). */
     if (TB_ETAG_DATA != tag || head_len < sizeof(h) ||
-        0 != tb_emsg_parse(tag, head, len, &h, &fault)) {
+        0 != tb_emsg_parse(tag, head, len, &h, &fault) || tb_wire_le32(h.seq) != p->rx_seq) {
         return NULL;
     }
     plen = len - sizeof(h);
@@ -93,9 +95,19 @@ void tb_eng_peer_recv_placed(eng_peer_t *p, uint8_t tag, const void *head, size_
     memcpy(&h, head, sizeof(h));
     r = placing_rank(p, tb_wire_le32(h.dst));
     if (NULL == r) {
+        /* Released: its channel is going, and it is not delivered (its
+         * sender sends it again another way, or fails). */
         return;
     }
     r->placing = NULL;
+    if (tb_wire_le32(h.seq) != p->rx_seq) {
+        /* It came meanwhile another way (its sender went round a cable it
+         * thought failed): this copy goes. */
+        p->dups++;
+        tb_shm_ring_cancel(&r->rx);
+        return;
+    }
+    p->rx_seq++;
     e->rx_msgs++;
     if (ENG_RANK_ATTACHED != r->state) {
         /* It left or died meanwhile; its senders learn it from GONE. */

@@ -69,10 +69,11 @@ eng_msg_t *tb_eng_msg_new(uint8_t type, uint8_t tag, uint16_t link, uint32_t vpi
     m->link = link;
     m->vpid = vpid;
     m->len = alen + blen;
-    if (alen) {
+    /* A NULL a or b leaves room for the caller to fill. */
+    if (alen && a) {
         memcpy(m->data, a, alen);
     }
-    if (blen) {
+    if (blen && b) {
         memcpy(m->data + alen, b, blen);
     }
     return m;
@@ -264,7 +265,7 @@ static int rank_route(eng_rank_t *r, const tb_wire_erec_t *h, const void *p)
         r->nnamed++;
     }
     r->routes[h->link] = (int16_t) peer->idx;
-    if (NULL == peer->via) {
+    if (!peer->routed) {
         tb_eng_peer_learn(peer, &rt);
         tb_eng_peer_dial(peer);
     }

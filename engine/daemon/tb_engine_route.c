@@ -57,6 +57,20 @@ static void index_routes(tb_engine_t *e)
     const tb_topo_t *t = e->topo;
 
     memset(e->relay_pairs_from, 0, sizeof(e->relay_pairs_from));
+    memset(e->detour_pairs_from, 0, sizeof(e->detour_pairs_from));
+    /* Each cable of a neighbour nh to a host d cabled to this one too may
+     * fail and go round through here (tb_eng_peer_detour). */
+    for (unsigned nh = 0; nh < t->nhosts; ++nh) {
+        if (nh == e->me || 1 != t->dist[e->me][nh]) {
+            continue;
+        }
+        for (unsigned k = 0; k < t->host[nh].ndev; ++k) {
+            unsigned d = t->peer[nh][k];
+            if (TB_TOPO_NONE != d && d != e->me && 1 == t->dist[e->me][d]) {
+                e->detour_pairs_from[nh]++;
+            }
+        }
+    }
     memset(e->arrive_from, 0, sizeof(e->arrive_from));
     memset(e->arrive_dev, 0, sizeof(e->arrive_dev));
     for (unsigned s = 0; s < t->nhosts; ++s) {
@@ -227,7 +241,7 @@ static eng_peer_t *neighbour(tb_engine_t *e, unsigned h, unsigned dev)
 static eng_peer_t *routed_find(tb_engine_t *e, unsigned h)
 {
     for (unsigned i = 0; i < e->npeers; ++i) {
-        if (e->peers[i]->via && e->peers[i]->host == h) {
+        if (e->peers[i]->routed && e->peers[i]->host == h) {
             return e->peers[i];
         }
     }
@@ -258,6 +272,7 @@ static eng_peer_t *routed_make(tb_engine_t *e, unsigned h, const char **why)
     p->idx = e->npeers;
     p->dev = dev;
     memcpy(p->id, t->host[h].id, sizeof(p->id));
+    p->routed = true;
     p->via = via;
     p->host = h;
     p->state = ENG_PEER_CONNECTING;
@@ -405,9 +420,10 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
     uint8_t *slot;
     eng_msg_t *m;
 
-    if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state) {
-        /* The way on is gone: the source hears it (once per pair), not
-         * only the pairs that were under way when it went. */
+    if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state || q->via) {
+        /* The way on is gone (or its cable is, and q's own traffic goes
+         * round it): the source hears it (once per pair), not only the
+         * pairs that were under way when it went. */
         unsigned src = tb_wire_le16(rh->src_host);
         if (from && TB_ETAG_UNREACH != rh->tag && src < TB_TOPO_MAX_HOSTS
             && !(e->unreach_told[src] & (1ull << dst))) {
@@ -537,16 +553,36 @@ static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8
             return;
         }
         memcpy(&u, body, sizeof(u));
-        /* Only a host on the way there can say the way is cut. */
+        snprintf(text, sizeof(text), "the route to it is cut at host %u: %.*s", src,
+                 (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
+                 (const char *) body + sizeof(u));
+        /* Only a host on the way there can say the way is cut: one on the
+         * table's route, or the one a failed cable's traffic goes round
+         * through. */
         p = tb_wire_le16(u.host) < e->topo->nhosts && on_my_route(e, tb_wire_le16(u.host), src)
                 ? routed_find(e, tb_wire_le16(u.host))
                 : NULL;
         if (p) {
-            snprintf(text, sizeof(text), "the route to it is cut at host %u: %.*s", src,
-                     (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
-                     (const char *) body + sizeof(u));
             tb_eng_peer_fail(p, TB_CHAN_ELINK, text);
         }
+        for (unsigned i = 0; i < e->npeers; ++i) {
+            p = e->peers[i];
+            if (!p->routed && p->via && p->host == tb_wire_le16(u.host)
+                && tb_topo_find(e->topo, p->via->id) == (int) src) {
+                tb_eng_peer_fail(p, TB_CHAN_ELINK, text);
+            }
+        }
+        return;
+    }
+    if (rh->flow) {
+        /* A failed cable's traffic, come round it (checked by relay_recv):
+         * its own flow goes on, numbers and credit as before. */
+        const tb_topo_t *t = e->topo;
+        p = tb_eng_peer_for(e, t->peer_dev[src][rh->flow - 1], t->host[src].id, false);
+        if (NULL == p || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+            return; /* never used, or failed here too: its ranks were told */
+        }
+        tb_eng_peer_recv(p, rh->tag, body, blen);
         return;
     }
     p = routed_make(e, src, &why);
@@ -556,6 +592,27 @@ static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8
         return;
     }
     tb_eng_peer_recv(p, rh->tag, body, blen);
+}
+
+/* A failed cable's traffic (rh->flow: the cable is src's device flow - 1)
+ * from neighbour nh goes one of the two ways tb_eng_peer_detour takes: here
+ * from its source over another cable, or through one host cabled to both
+ * ends, which took it from the source itself.  Its own messages only, no
+ * notices of relays. */
+static bool detour_ok(const tb_engine_t *e, const tb_wire_erelay_t *rh, int nh)
+{
+    const tb_topo_t *t = e->topo;
+    unsigned src = tb_wire_le16(rh->src_host), dst = tb_wire_le16(rh->dst_host);
+    unsigned cable = rh->flow - 1u;
+
+    if (src >= t->nhosts || dst >= t->nhosts || cable >= t->host[src].ndev
+        || t->peer[src][cable] != dst || TB_ETAG_UNREACH == rh->tag || nh < 0) {
+        return false;
+    }
+    if (dst == e->me) {
+        return (unsigned) nh == src || 1 == t->dist[src][nh];
+    }
+    return (unsigned) nh == src && 1 == t->dist[e->me][dst];
 }
 
 void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
@@ -595,6 +652,11 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
             return;
         }
     }
+    if (rh.flow && !detour_ok(e, &rh, nh)) {
+        relay_violation(n, "relay detour",
+                        "it sent a failed cable's traffic a way that cable's ends do not take");
+        return;
+    }
     if (tb_wire_le32(rh.digest) != e->topo->digest) {
         relay_violation(n, "relay table",
                         "it relays by another table of the job's hosts (btl_tbrdma "
@@ -603,7 +665,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
     }
     if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
         || rh.tag < TB_ETAG_DATA || rh.tag > TB_ETAG_UNREACH || TB_ETAG_RELAY == rh.tag
-        || !came_by_route(e, src, dst, nh, (int) n->dev)) {
+        || (0 == rh.flow && !came_by_route(e, src, dst, nh, (int) n->dev))) {
         relay_violation(n, "relay route",
                         "it relayed a message whose route does not come through it");
         return;
@@ -639,15 +701,17 @@ int tb_eng_routes_progress(tb_engine_t *e)
             n += p->fwd_head ? fwd_drain(p) : 0;
             continue;
         }
-        if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state) {
+        if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state
+            && NULL == via->via) {
             p->state = ENG_PEER_CONNECTED;
             p->credit_changed = true;
             p->ret_pending = true;
             ++n;
-        } else if ((ENG_PEER_FAILED == via->state || ENG_PEER_CLOSED == via->state)
+        } else if ((ENG_PEER_FAILED == via->state || ENG_PEER_CLOSED == via->state || via->via)
                    && (ENG_PEER_CONNECTING == p->state || ENG_PEER_CONNECTED == p->state)) {
-            snprintf(why, sizeof(why), "its route's first hop, engine %02x%02x%02x%02x over %s, "
-                     "failed", via->id[0], via->id[1], via->id[2], via->id[3],
+            snprintf(why, sizeof(why), "%s, engine %02x%02x%02x%02x over %s, failed",
+                     p->routed ? "its route's first hop" : "its cable had failed, and the way "
+                     "round it", via->id[0], via->id[1], via->id[2], via->id[3],
                      e->devs[via->dev].dev->name);
             tb_eng_peer_fail(p, ENG_PEER_CLOSED == via->state ? TB_CHAN_ECLOSED : TB_CHAN_ELINK,
                              why);
@@ -655,6 +719,95 @@ int tb_eng_routes_progress(tb_engine_t *e)
         }
     }
     return n;
+}
+
+/* ---- going round a failed cable -------------------------------------------- */
+
+static size_t count_msgs(const eng_msg_t *m)
+{
+    size_t n = 0;
+
+    for (; m; m = m->next) {
+        ++n;
+    }
+    return n;
+}
+
+/* The way round p's failed cable to host h: another cable to h, else one to
+ * the lowest host cabled to both (its lowest cable), made and dialled if need
+ * be; NULL when there is none. */
+static eng_peer_t *way_round(tb_engine_t *e, eng_peer_t *p, unsigned h)
+{
+    const tb_topo_t *t = e->topo;
+
+    for (int pass = 0; pass < 2; ++pass) {
+        for (unsigned n = 0; n < t->nhosts; ++n) {
+            if (n == e->me || (0 == pass) != (n == h) || (1 == pass && 1 != t->dist[n][h])) {
+                continue;
+            }
+            for (unsigned dev = 0; dev < e->ndev; ++dev) {
+                eng_peer_t *q;
+                if (t->peer[e->me][dev] != n || (n == h && dev == p->dev)) {
+                    continue;
+                }
+                q = tb_eng_peer_for(e, dev, t->host[n].id, false);
+                if (q && (q->via || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state)) {
+                    continue;
+                }
+                if (NULL != (q = neighbour(e, n, dev))
+                    && ENG_PEER_FAILED != q->state && ENG_PEER_CLOSED != q->state) {
+                    return q;
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
+bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
+{
+    tb_engine_t *e = p->e;
+    const tb_topo_t *t = e->topo;
+    char text[240];
+    eng_peer_t *q;
+    int h;
+
+    /* Only a cable that went dark or broke: a peer that closed, restarted or
+     * broke the protocol is not helped by another way. */
+    if (p->routed || p->via || p->lost_unsent || ENG_PEER_CONNECTED != p->state
+        || (TB_CHAN_EPEERDEAD != status && TB_CHAN_ELINK != status) || NULL == t
+        || (h = tb_topo_find(t, p->id)) < 0 || (unsigned) h == e->me
+        || NULL == (q = way_round(e, p, (unsigned) h))) {
+        return false;
+    }
+    p->via = q;
+    p->host = (unsigned) h;
+    for (unsigned tag = TB_ETAG_DATA; tag <= TB_ETAG_UNREACH; ++tag) {
+        memset(&p->relay[tag], 0, sizeof(p->relay[tag]));
+        p->relay[tag].digest = tb_wire_le32(t->digest);
+        p->relay[tag].src_host = tb_wire_le16((uint16_t) e->me);
+        p->relay[tag].dst_host = tb_wire_le16((uint16_t) h);
+        p->relay[tag].tag = (uint8_t) tag;
+        p->relay[tag].hops_left = (uint8_t) t->nhosts;
+        p->relay[tag].flow = (uint8_t) (p->dev + 1);
+    }
+    TB_WARN("the cable %s (%s) to engine %02x%02x%02x%02x (host %d) failed: %s; its traffic "
+            "goes round it from now on, %s engine %02x%02x%02x%02x over %s, %zu message%s "
+            "sent again",
+            e->devs[p->dev].dev->name, e->devs[p->dev].dev->netdev, p->id[0], p->id[1], p->id[2],
+            p->id[3], h, why, 0 == memcmp(q->id, p->id, sizeof(p->id))
+                                  ? "over another cable to"
+                                  : "through",
+            q->id[0], q->id[1], q->id[2], q->id[3], e->devs[q->dev].dev->name,
+            count_msgs(p->resend_head), 1 == count_msgs(p->resend_head) ? " is" : "s are");
+    e->faults++;
+    snprintf(text, sizeof(text), "%s over %s", why, e->devs[p->dev].dev->name);
+    /* What it relayed for others over this cable cannot go round it. */
+    tb_eng_relay_lost(p, text);
+    p->destroy = NULL != p->conn;
+    p->credit_changed = true;
+    p->ret_pending = true;
+    return true;
 }
 
 void tb_eng_routes_destroy(tb_engine_t *e)

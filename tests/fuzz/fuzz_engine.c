@@ -65,7 +65,7 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
 
 /* A peer's message as it comes off a cable: tag, then header and payload in
  * buf; its length. */
-static size_t peer_message(fuzz_in_t *in, uint8_t *tag_out, uint8_t *buf)
+static size_t peer_message(fuzz_in_t *in, const eng_peer_t *p, uint8_t *tag_out, uint8_t *buf)
 {
     uint8_t tag = fuzz_u8(in) % 5;
     tb_wire_emsg_t m;
@@ -82,6 +82,9 @@ static size_t peer_message(fuzz_in_t *in, uint8_t *tag_out, uint8_t *buf)
         }
         m.src_pid = TB_ETAG_CREDIT == tag ? 0 : tb_wire_le32(EH_PID(tb_wire_le32(m.src)));
         m.dst_pid = TB_ETAG_DATA == tag ? tb_wire_le32(EH_PID(tb_wire_le32(m.dst))) : 0;
+        m.reserved2 = 0;
+        /* Its flow's next number, now and then one it had already. */
+        m.seq = tb_wire_le32(p->rx_seq - (0 == (fuzz_u8(in) & 7)));
     }
     memcpy(buf, &m, sizeof(m));
     len = TB_ETAG_CREDIT == tag ? 0 : len;
@@ -94,7 +97,7 @@ static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
 {
     eng_peer_t *p = eh_peer(h, 1 + fuzz_u8(in) % PEERS);
     uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag;
-    size_t len = peer_message(in, &tag, buf);
+    size_t len = peer_message(in, p, &tag, buf);
 
     if (ENG_PEER_CONNECTED == p->state) {
         tb_eng_peer_recv(p, tag, buf, len);
@@ -106,7 +109,7 @@ static void peer_places(eng_harness_t *h, fuzz_in_t *in)
     unsigned n = fuzz_u8(in) % PEERS;
     eng_peer_t *p = eh_peer(h, 1 + n), *other = eh_peer(h, 1 + (n + 1) % PEERS);
     uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag, *at;
-    size_t len = peer_message(in, &tag, buf), skip = 0;
+    size_t len = peer_message(in, p, &tag, buf), skip = 0;
     uint8_t head[TB_CHAN_PLACE_HEAD];
     size_t head_len = len < sizeof(head) ? len : sizeof(head);
 
@@ -123,7 +126,7 @@ static void peer_places(eng_harness_t *h, fuzz_in_t *in)
     memcpy(at, buf + skip, len - skip);
     if (ENG_PEER_CONNECTED == other->state && (fuzz_u8(in) & 1)) {
         uint8_t obuf[sizeof(tb_wire_emsg_t) + 512], otag;
-        size_t olen = peer_message(in, &otag, obuf);
+        size_t olen = peer_message(in, other, &otag, obuf);
         tb_eng_peer_recv(other, otag, obuf, olen);
     }
     if (fuzz_u8(in) & 3) {

@@ -3,7 +3,8 @@
  *
  * usage: tb_mpitests [-m MAX_BYTES] [-t SECONDS] [-c SECONDS] [TEST...]
  * TESTs: pingpong storm manytoone anysource noncontig coll osc atomics hold
- * compute stalled (default: all but osc, atomics, hold, compute and stalled).  compute: rank 1
+ * compute stalled steady (default: all but osc, atomics, hold, compute, stalled and
+ * steady); steady: see test_steady.  compute: rank 1
  * computes for -c SECONDS (default 75) between two verified ring exchanges.
  * stalled (4 ranks or more, placed round-robin on 2 hosts): rank 1 stops
  * reading for 20 s while rank 0 floods it; ranks 2 and 3 must finish their
@@ -493,6 +494,64 @@ static int test_hold(void)
     return bad;
 }
 
+/* Every rank exchanges with every other, round after round, for -t SECONDS:
+ * messages of 8 B to 300 KiB, each one's bytes from its sender, receiver and
+ * round, so a message lost, repeated or out of order fails (or hangs).  Prints
+ * "steady: exchanging" after the first round: a job for reroute tests to
+ * break a cable under. */
+static int test_steady(void)
+{
+    static const size_t sizes[] = {8, 4000, 65536, 300000};
+    size_t max = sizes[sizeof(sizes) / sizeof(sizes[0]) - 1];
+    unsigned char **out = calloc((size_t) nranks, sizeof(*out));
+    unsigned char **in = calloc((size_t) nranks, sizeof(*in));
+    MPI_Request *req = calloc(2 * (size_t) nranks, sizeof(*req));
+    double end = MPI_Wtime() + hold_seconds;
+    int bad = 0, more = 1, round;
+
+    for (int p = 0; p < nranks; ++p) {
+        out[p] = malloc(max);
+        in[p] = malloc(max);
+    }
+    for (round = 0; more && !bad; ++round) {
+        size_t len = sizes[round % (sizeof(sizes) / sizeof(sizes[0]))];
+        int n = 0;
+        for (int p = 0; p < nranks; ++p) {
+            if (p == rank) {
+                continue;
+            }
+            fill(out[p], len, (unsigned) (rank * 7919 + p * 104729 + round * 31));
+            MPI_Irecv(in[p], (int) len, MPI_BYTE, p, round % 1000, MPI_COMM_WORLD, &req[n++]);
+            MPI_Isend(out[p], (int) len, MPI_BYTE, p, round % 1000, MPI_COMM_WORLD, &req[n++]);
+        }
+        MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+        for (int p = 0; p < nranks && !bad; ++p) {
+            if (p != rank) {
+                bad = verify(in[p], len, (unsigned) (p * 7919 + rank * 104729 + round * 31),
+                             "steady");
+            }
+        }
+        if (0 == rank && 0 == round) {
+            printf("steady: exchanging\n");
+            fflush(stdout);
+        }
+        more = MPI_Wtime() < end;
+        MPI_Bcast(&more, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    }
+    if (0 == rank) {
+        printf("steady: %d rounds\n", round);
+        fflush(stdout);
+    }
+    for (int p = 0; p < nranks; ++p) {
+        free(out[p]);
+        free(in[p]);
+    }
+    free(out);
+    free(in);
+    free(req);
+    return bad;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -615,6 +674,7 @@ static const struct {
     {"anysource", test_anysource, 1}, {"noncontig", test_noncontig, 1}, {"coll", test_coll, 1},
     {"osc", test_osc, 0},           {"hold", test_hold, 0},       {"compute", test_compute, 0},
     {"stalled", test_stalled, 0},   {"atomics", test_atomics, 0},   {"manyrma", test_manyrma, 0},
+    {"steady", test_steady, 0},
 };
 
 static void run(int t, int *passed, int *failed)

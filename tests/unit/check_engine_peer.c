@@ -46,6 +46,7 @@ static void peer_send_pids(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t sr
     h.credit = tb_wire_le32(credit);
     h.src_pid = tb_wire_le32(src_pid);
     h.dst_pid = tb_wire_le32(dst_pid);
+    h.seq = tb_wire_le32(p->rx_seq); /* its flow's next */
     memcpy(buf, &h, sizeof(h));
     if (len) {
         memcpy(buf + sizeof(h), payload, len);
@@ -339,6 +340,7 @@ static uint8_t *place_begin(eng_peer_t *p, uint32_t src, uint32_t dst_pid)
     size_t skip = 0;
     uint8_t *at;
 
+    m.seq = tb_wire_le32(p->rx_seq);
     memcpy(head, &m, sizeof(m));
     at = tb_eng_peer_recv_place(p, TB_ETAG_DATA, sizeof(m) + PLACED_LEN, head, sizeof(head),
                                 &skip);
@@ -352,6 +354,7 @@ static void place_end(eng_peer_t *p, uint32_t src)
 {
     tb_wire_emsg_t m = data_hdr(src, EH_PID(1));
 
+    m.seq = tb_wire_le32(p->rx_seq);
     tb_eng_peer_recv_placed(p, TB_ETAG_DATA, &m, sizeof(m), sizeof(m) + PLACED_LEN);
 }
 
@@ -606,6 +609,7 @@ static void line_of_three(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
  * as b forwards it. */
 static void relay_from(eng_peer_t *b, unsigned src, uint32_t digest)
 {
+    static uint32_t seq[3]; /* each source's flow to this engine (a test is a process) */
     uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 2];
     tb_wire_erelay_t rh;
     tb_wire_emsg_t m;
@@ -622,6 +626,7 @@ static void relay_from(eng_peer_t *b, unsigned src, uint32_t digest)
     m.dst = tb_wire_le32(0);
     m.dst_pid = tb_wire_le32(EH_PID(0));
     m.tag = 9;
+    m.seq = tb_wire_le32(seq[src % 3]++);
     memcpy(buf, &rh, sizeof(rh));
     memcpy(buf + sizeof(rh), &m, sizeof(m));
     memcpy(buf + sizeof(rh) + sizeof(m), "hi", 2);
@@ -999,6 +1004,7 @@ START_TEST(relay_gone_releases_credit)
     memset(&m, 0, sizeof(m));
     m.src = tb_wire_le32(100);
     m.src_pid = tb_wire_le32(5000);
+    m.seq = tb_wire_le32(a->rx_seq);
     memcpy(buf, &rh, sizeof(rh));
     memcpy(buf + sizeof(rh), &m, sizeof(m));
     memcpy(buf + sizeof(rh) + sizeof(m), "dead", 4);
@@ -1006,6 +1012,212 @@ START_TEST(relay_gone_releases_credit)
     ck_assert_uint_eq(d->used, 0);
     ck_assert_uint_eq(a->used_total, 0);
     eh_fini(&h);
+}
+END_TEST
+
+/* ---- a failed cable's traffic going round it -------------------------------- */
+
+/* Each flow's messages are numbered: one already delivered (sent again round
+ * a cable its sender thought failed) is dropped, and one that skips a number
+ * (a message lost) cuts the peer off. */
+START_TEST(flow_numbered)
+{
+    eng_harness_t h;
+    eng_peer_t *p = setup(&h);
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 1];
+    tb_wire_emsg_t m;
+    unsigned recv = 0;
+
+    peer_send(p, TB_ETAG_DATA, 7, 1, 0, "a", 1);
+    peer_send(p, TB_ETAG_DATA, 7, 1, 0, "b", 1);
+    ck_assert_uint_eq(p->rx_seq, 2);
+    memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32(7);
+    m.dst = tb_wire_le32(1);
+    m.src_pid = tb_wire_le32(EH_PID(7));
+    m.dst_pid = tb_wire_le32(EH_PID(1));
+    m.seq = tb_wire_le32(1);
+    memcpy(buf, &m, sizeof(m));
+    buf[sizeof(m)] = 'c';
+    tb_eng_peer_recv(p, TB_ETAG_DATA, buf, sizeof(buf));
+    ck_assert_uint_eq(p->dups, 1);
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 1, 10, TB_EREC_RECV, &recv);
+    ck_assert_uint_eq(recv, 2);
+    ck_assert_int_eq(p->state, ENG_PEER_CONNECTED);
+    m.seq = tb_wire_le32(3);
+    memcpy(buf, &m, sizeof(m));
+    tb_eng_peer_recv(p, TB_ETAG_DATA, buf, sizeof(buf));
+    ck_assert_int_eq(p->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+static int ehost_cmp(const void *a, const void *b)
+{
+    const tb_wire_ehost_t *x = a, *y = b;
+    int c = memcmp(x->engine_id, y->engine_id, sizeof(x->engine_id));
+
+    return c ? c : (int) x->dev - (int) y->dev;
+}
+
+/* A triangle: this engine's device 0 to peer 1's device 0 (10.0.1.0/30), its
+ * device 1 to peer 2's device 0 (10.0.2.0/30), peer 1's device 1 to peer 2's
+ * device 1 (10.0.3.0/30); *b and *c the peers over devices 0 and 1, and in
+ * hb, hc and *me the hosts' indices. */
+static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t *t,
+                     unsigned *hb, unsigned *hc)
+{
+    static const uint32_t addr[6] = {0x0a000101, 0x0a000201, 0x0a000102,
+                                     0x0a000301, 0x0a000202, 0x0a000302};
+    static const uint8_t dev[6] = {0, 1, 0, 1, 0, 1};
+    tb_wire_ehost_t table[6];
+    tb_engine_t *e;
+    const char *why = NULL;
+
+    (void) setup(h);
+    e = h->e;
+    strcpy(h->dev2.name, "fake1");
+    strcpy(h->dev2.netdev, "fake1");
+    e->devs[1].e = e;
+    e->devs[1].idx = 1;
+    e->devs[1].dev = &h->dev2;
+    e->ndev = 2;
+    *b = eh_peer_on(h, 1, 0);
+    *c = eh_peer_on(h, 2, 1);
+    memset(table, 0, sizeof(table));
+    for (unsigned i = 0; i < 6; ++i) {
+        const uint8_t *id = i < 2 ? e->id : i < 4 ? (*b)->id : (*c)->id;
+        memcpy(table[i].engine_id, id, sizeof(table[i].engine_id));
+        table[i].ipv4 = htonl(addr[i]);
+        table[i].netmask = htonl(0xfffffffcu);
+        table[i].cm_port = tb_wire_le16(4000);
+        table[i].dev = dev[i];
+    }
+    qsort(table, 6, sizeof(table[0]), ehost_cmp);
+    h->dev.ipv4.s_addr = htonl(addr[0]);
+    h->dev.netmask.s_addr = htonl(0xfffffffcu);
+    h->dev2.ipv4.s_addr = htonl(addr[1]);
+    h->dev2.netmask.s_addr = htonl(0xfffffffcu);
+    ck_assert_int_eq(tb_eng_topo_set(e, table, sizeof(table)), 0);
+    ck_assert_ptr_nonnull(e->topo);
+    ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
+    *hb = (unsigned) tb_topo_find(t, (*b)->id);
+    *hc = (unsigned) tb_topo_find(t, (*c)->id);
+}
+
+/* A DATA message of flow `flow` (0: none) from host src to host dst, for rank
+ * 1, numbered seq, as neighbour n passes it on. */
+static void detour_from(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
+                        unsigned flow, uint32_t seq)
+{
+    uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 1];
+    tb_wire_erelay_t rh;
+    tb_wire_emsg_t m;
+
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16((uint16_t) dst);
+    rh.tag = TB_ETAG_DATA;
+    rh.hops_left = 3;
+    rh.flow = (uint8_t) flow;
+    memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32(7);
+    m.dst = tb_wire_le32(1);
+    m.src_pid = tb_wire_le32(EH_PID(7));
+    m.dst_pid = tb_wire_le32(EH_PID(1));
+    m.seq = tb_wire_le32(seq);
+    memcpy(buf, &rh, sizeof(rh));
+    memcpy(buf + sizeof(rh), &m, sizeof(m));
+    buf[sizeof(rh) + sizeof(m)] = 'x';
+    tb_eng_peer_recv(n, TB_ETAG_RELAY, buf, sizeof(buf));
+}
+
+/* The traffic of peer 1's failed cable to this engine comes round it through
+ * peer 2: it joins the same flow (numbers, credit, the rank's link), and a
+ * copy the cable had delivered already is dropped.  Peer 2 may not pass off
+ * any other cable's traffic as such. */
+START_TEST(detour_received)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c;
+    tb_topo_t t;
+    unsigned hb, hc, recv = 0;
+
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    peer_send(b, TB_ETAG_DATA, 7, 1, 0, "a", 1);
+    detour_from(c, &t, hb, h.e->me, 1, 1);
+    detour_from(c, &t, hb, h.e->me, 1, 0);
+    ck_assert_uint_eq(b->rx_seq, 2);
+    ck_assert_uint_eq(b->dups, 1);
+    ck_assert_uint_eq(b->delivered[1], 2 * tb_ecredit_cost(1));
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 1, 10, TB_EREC_RECV, &recv);
+    ck_assert_uint_eq(recv, 2);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    /* Peer 1's cable to peer 2 does not end here. */
+    detour_from(c, &t, hb, h.e->me, 2, 2);
+    ck_assert_int_eq(c->state, ENG_PEER_FAILED);
+    ck_assert_uint_eq(b->rx_seq, 2);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A neighbour's failed cable to another neighbour goes round through here:
+ * forwarded (counted as relayed), and only its own cable's traffic. */
+START_TEST(detour_forwarded)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c;
+    tb_topo_t t;
+    unsigned hb, hc;
+
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    detour_from(b, &t, hb, hc, 2, 0);
+    detour_from(b, &t, hb, hc, 2, 1);
+    ck_assert_uint_eq(queued(c), 2);
+    ck_assert_uint_eq(h.e->relayed_msgs, 2);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    /* Its cable to this engine does not lead to peer 2. */
+    detour_from(b, &t, hb, hc, 1, 2);
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    ck_assert_uint_eq(queued(c), 2);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A cable that goes dark or breaks is gone round through the host cabled to
+ * both ends, with the flow's own relay headers; one whose peer broke the
+ * protocol or closed is not, and neither is a cable with no way round it. */
+START_TEST(detour_taken)
+{
+    eng_harness_t h, h2;
+    eng_peer_t *b, *c, *x;
+    tb_topo_t t, t2;
+    unsigned hb, hc;
+
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    ck_assert(!tb_eng_peer_detour(c, TB_CHAN_EPROTO, "test: a broken peer"));
+    ck_assert(!tb_eng_peer_detour(c, TB_CHAN_ECLOSED, "test: closed"));
+    ck_assert(tb_eng_peer_detour(b, TB_CHAN_EPEERDEAD, "test: the cable went dark"));
+    ck_assert_ptr_eq(b->via, c);
+    ck_assert(!b->routed);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(b->host, hb);
+    ck_assert_uint_eq(b->relay[TB_ETAG_DATA].flow, 1);
+    ck_assert_uint_eq(tb_wire_le16(b->relay[TB_ETAG_DATA].src_host), h.e->me);
+    ck_assert_uint_eq(tb_wire_le16(b->relay[TB_ETAG_DATA].dst_host), hb);
+    ck_assert(tb_eng_peer_relayed(b));
+    ck_assert(!tb_eng_peer_detour(b, TB_CHAN_EPEERDEAD, "test: again"));
+    /* Through a detoured cable nobody else goes round: c's would need b's. */
+    ck_assert(!tb_eng_peer_detour(c, TB_CHAN_EPEERDEAD, "test: the other cable too"));
+    eh_fini(&h);
+
+    line_of_three(&h2, &x, &t2);
+    ck_assert_int_eq(tb_eng_topo_set(h2.e, h2.relay_table, sizeof(h2.relay_table)), 0);
+    ck_assert(!tb_eng_peer_detour(x, TB_CHAN_EPEERDEAD, "test: the only cable"));
+    eh_fini(&h2);
 }
 END_TEST
 
@@ -1039,6 +1251,10 @@ int main(void)
     tcase_add_test(tc, relay_lost_tells_destination);
     tcase_add_test(tc, relay_unreach_from_route_only);
     tcase_add_test(tc, relay_gone_releases_credit);
+    tcase_add_test(tc, flow_numbered);
+    tcase_add_test(tc, detour_received);
+    tcase_add_test(tc, detour_forwarded);
+    tcase_add_test(tc, detour_taken);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
