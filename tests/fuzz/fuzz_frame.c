@@ -30,6 +30,7 @@ enum {
     CFG_RECV_BUF = 0x04,  /* give the channel caller buffers for large messages */
     CFG_SENDS_SHIFT = 3,  /* bits 3-4: sends queued before connect */
     CFG_HOLD_SENDS = 0x20, /* complete sends only when a frame asks */
+    CFG_HAND_BACK = 0x40,  /* take back what a failed channel did not deliver */
 };
 
 enum {
@@ -134,6 +135,21 @@ static void on_error(void *ctx, int status, const char *why)
     FUZZ_ASSERT(status < 0 && why && strlen(why) > 0, "error callback with status %d", status);
     st->nerrors++;
     FUZZ_ASSERT(st->nerrors == 1, "error callback called twice");
+}
+
+/* Whole messages, each no larger than the largest send, before the error. */
+static void on_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len)
+{
+    state_t *st = ctx;
+    size_t total = 0;
+
+    (void) tag;
+    FUZZ_ASSERT(0 == st->nerrors, "messages handed back after the error callback");
+    FUZZ_ASSERT(len <= st->max_msg, "a message of %zu bytes handed back", len);
+    for (int i = 0; iov && i < iovcnt; i++) {
+        total += iov[i].iov_len;
+    }
+    FUZZ_ASSERT(NULL == iov || total == len, "%zu of %zu bytes handed back", total, len);
 }
 
 static void queue_send(tb_channel_t *ch, state_t *st, uint8_t pick)
@@ -248,6 +264,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     cb.send_done = on_send_done;
     cb.error = on_error;
+    if (cfg & CFG_HAND_BACK) {
+        cb.unsent = on_unsent;
+    }
 
     fl = fuzz_link_create(p.nlanes, frame_size, send_slots, recv_depth);
     FUZZ_ASSERT(fl, "out of memory");
