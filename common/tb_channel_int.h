@@ -69,6 +69,7 @@ typedef struct tb_tx_frame {
     uint8_t retx;     /* retransmitted: its ack gives no round-trip sample */
     uint8_t sacked;   /* the peer holds it: never resend */
     uint8_t whole;    /* its message fits the window: kept till it is let go whole */
+    uint8_t let_go;   /* passed by keep while still posted: released at its completion */
     uint64_t sent_ns; /* latest transmission */
 } tb_tx_frame_t;
 

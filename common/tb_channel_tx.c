@@ -209,7 +209,7 @@ static int tx_first_post(tb_channel_t *ch, tb_tx_lane_t *t, tb_tx_frame_t *f, ui
         h->payload_crc = tb_wire_le32(tb_crc32c(0, h + 1, plen));
     }
     h->flags = flags;
-    f->acked = f->posted = f->retx = f->sacked = 0;
+    f->acked = f->posted = f->retx = f->sacked = f->let_go = 0;
     f->sent_ns = f->first_ns = ch->now;
     f->len = TB_WIRE_HDR_SIZE + plen;
     if (f->len < t->post_min) {
@@ -493,6 +493,8 @@ void tb_ch_tx_release(tb_channel_t *ch)
             }
             if (!f->posted) {
                 tb_ch_release_tx_frame(ch, f);
+            } else {
+                f->let_go = 1; /* at its completion */
             }
             t->keep++;
         }
@@ -518,6 +520,7 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
         uint8_t tag = 0;
         int whole = 1;
         unsigned n = 0, cap;
+        size_t total = 0;
         struct iovec *iov;
         tb_tx_lane_t *t;
 
@@ -555,6 +558,7 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
             iov[n].iov_base = (unsigned char *) t->ring[seq[lane] % t->window].buf
                               + TB_WIRE_HDR_SIZE;
             iov[n++].iov_len = tb_wire_le32(h->payload_len);
+            total += tb_wire_le32(h->payload_len);
             tag = h->tag;
             len = tb_wire_le32(h->msg_len);
             seq[lane]++;
@@ -565,10 +569,14 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
                 size_t skip = i == r->iov_idx ? r->iov_off : 0;
                 iov[n].iov_base = (unsigned char *) r->iov[i].iov_base + skip;
                 iov[n++].iov_len = r->iov[i].iov_len - skip;
+                total += r->iov[i].iov_len - skip;
             }
             tag = r->tag;
             len = r->len;
             req[lane] = r->next;
+        }
+        if (total != len) {
+            whole = 0; /* its first frames went as they were acked */
         }
         ch->in_callback++;
         ch->cb.unsent(ch->cb.ctx, tag, whole ? iov : NULL, whole ? (int) n : 0, len);
@@ -638,8 +646,7 @@ void tb_channel_send_done(tb_channel_t *ch, void *cookie, int status)
         /* Releases every frame not posted, this one included. */
         tb_ch_fail(ch, TB_CHAN_ELINK, "send completion error %d on lane %u", status, f->lane);
     }
-    if (f->is_ctrl || (f->acked && (!f->whole || tb_seq_lt(f->msg_id, ch->release_msg)))
-        || !tb_ch_usable(ch)) {
+    if (f->is_ctrl || f->let_go || !tb_ch_usable(ch)) {
         tb_ch_release_tx_frame(ch, f);
     }
 }

@@ -78,6 +78,10 @@ enum {
 #define ENG_RELAY_HOLD(e, nh)                                                            \
     ((uint64_t) ((e)->relay_pairs_from[nh] + (e)->detour_pairs_from[nh])                \
      * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
+/* What one cable's traffic come round it may hold here before this end sees
+ * the cable fail (the sender's routed share of the window keeps well within
+ * it); a relay that sends more is cut. */
+#define ENG_DETOUR_HOLD(e) ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG))
 /* Relayed messages that came before this host's ranks gave the job's table
  * (they wait for it): at most this many bytes, then the neighbour is cut. */
 #define ENG_RELAY_EARLY (64u << 20)
@@ -282,6 +286,12 @@ struct eng_peer {
     uint64_t resend_cost;
     unsigned nresent;
     bool lost_unsent; /* its channel could not hand back everything */
+    /* Its cable's traffic come round it through a relay while this end's
+     * channel still stood: believed only once that fails too (till then a
+     * relay could pass anything off as it), held in order, at most
+     * ENG_DETOUR_HOLD; link: the relay's peer index. */
+    eng_msg_t *round_head, *round_tail;
+    uint64_t round_cost;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */
@@ -535,6 +545,10 @@ int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct
  * channel handed back goes again first.  False when there is no way round
  * (or p may not take one): p must fail. */
 bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why);
+/* What came round p's cable through relays while its channel stood: taken
+ * (p went round it too), or dropped (p failed). */
+void tb_eng_round_take(eng_peer_t *p);
+void tb_eng_round_drop(eng_peer_t *p);
 /* A RELAY message from neighbour p. */
 void tb_eng_relay_recv(eng_peer_t *p, const void *data, size_t len);
 /* Neighbour q failed: what waited to go through it is dropped, and the ends

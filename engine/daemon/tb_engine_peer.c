@@ -171,6 +171,7 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
     tb_eng_drop_waiting(p, NULL, 0);
     drop_notices(p);
     drop_resends(p);
+    tb_eng_round_drop(p);
     if (!p->routed && NULL == p->via) {
         tb_eng_relay_lost(p, text);
     }
@@ -232,8 +233,11 @@ static int peer_send(eng_peer_t *p, tb_channel_t *ch, eng_msg_t *m)
 tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
     if (p->via) {
-        /* A routed peer's messages go over its first hop's channel. */
-        return ENG_PEER_CONNECTED == p->via->state ? tb_eng_peer_channel(p->via) : NULL;
+        /* A routed peer's messages go over its first hop's channel (not if
+         * that hop's own cable failed: its channel is another way's). */
+        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via
+                   ? tb_eng_peer_channel(p->via)
+                   : NULL;
     }
     return p->conn ? tb_conn_channel(p->conn) : NULL;
 }
@@ -250,7 +254,6 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
     tb_wire_emsg_t h;
     size_t tlen = text ? strlen(text) : 0;
     bool behind = keep && NULL != p->notice_head;
-    int rc;
     eng_msg_t *m;
     void *slot;
 
@@ -286,11 +289,10 @@ static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid
         }
         return false;
     }
-    if (!behind && TB_CHAN_OK == (rc = peer_send(p, ch, m))) {
+    if (!behind && TB_CHAN_OK == peer_send(p, ch, m)) {
         tb_eng_seq_sent(p);
         return true;
     }
-    (void) rc;
     if (!keep) {
         free(m);
         return false;
@@ -371,15 +373,14 @@ int tb_eng_send(eng_rank_t *r, const tb_wire_erec_t *h, const void *payload, uin
     if (slot) {
         memcpy(slot, &em, sizeof(em));
         memcpy((uint8_t *) slot + sizeof(em), payload, h->len);
-        rc = tb_channel_send_commit(ch);
-        /* Numbered even if the commit failed the channel: it was handed
-         * back then (tb_channel.h's unsent). */
+        /* Numbered, and its credit taken, even if the commit failed the
+         * channel: it was handed back then (tb_channel.h's unsent), and goes
+         * again another way, or the peer fails. */
+        (void) tb_channel_send_commit(ch);
         tb_eng_seq_sent(p);
-        if (TB_CHAN_OK == rc) {
-            tb_eng_credit_take(p, d, h->len);
-            e->tx_bytes += h->len;
-            e->tx_copied += h->len;
-        }
+        tb_eng_credit_take(p, d, h->len);
+        e->tx_bytes += h->len;
+        e->tx_copied += h->len;
         tb_eng_tx_consumed(r, end);
         return 1;
     }
@@ -873,6 +874,7 @@ void tb_eng_peers_destroy(tb_engine_t *e)
         tb_eng_drop_waiting(p, NULL, 0);
         drop_notices(p);
         drop_resends(p);
+        tb_eng_round_drop(p);
         tb_mem_wipe(p->pair_secret, sizeof(p->pair_secret));
         free(p);
         e->peers[i] = NULL;

@@ -536,6 +536,58 @@ static bool on_my_route(const tb_engine_t *e, unsigned to, unsigned via)
     return false;
 }
 
+/* p's own channel over its cable is gone, or failing. */
+static bool cable_gone(const eng_peer_t *p)
+{
+    return NULL != p->via || NULL == p->conn || 0 != tb_channel_status(tb_conn_channel(p->conn));
+}
+
+/* A message of p's flow come round its cable through neighbour n: one that
+ * skips a number is the relay's fault when it is not the source. */
+static void round_in(eng_peer_t *p, eng_peer_t *n, uint8_t tag, const uint8_t *body, size_t blen)
+{
+    tb_wire_emsg_t h;
+
+    if (blen >= sizeof(h) && tb_topo_find(p->e->topo, n->id) != tb_topo_find(p->e->topo, p->id)) {
+        memcpy(&h, body, sizeof(h));
+        if ((int32_t) (tb_wire_le32(h.seq) - p->rx_seq) > 0) {
+            relay_violation(n, "detour out of sequence",
+                            "it brought round a failed cable a message out of sequence");
+            return;
+        }
+    }
+    tb_eng_peer_recv(p, tag, body, blen);
+}
+
+void tb_eng_round_take(eng_peer_t *p)
+{
+    eng_msg_t *m;
+
+    while ((m = p->round_head)) {
+        p->round_head = m->next;
+        if (NULL == p->round_head) {
+            p->round_tail = NULL;
+        }
+        p->round_cost -= ENG_MSG_COST(m->len);
+        if (m->link < p->e->npeers && ENG_PEER_CONNECTED == p->state) {
+            round_in(p, p->e->peers[m->link], m->tag, m->data, m->len);
+        }
+        free(m);
+    }
+}
+
+void tb_eng_round_drop(eng_peer_t *p)
+{
+    eng_msg_t *m;
+
+    while ((m = p->round_head)) {
+        p->round_head = m->next;
+        free(m);
+    }
+    p->round_tail = NULL;
+    p->round_cost = 0;
+}
+
 /* A message for this engine, from host src. */
 static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8_t *body,
                           size_t blen)
@@ -576,13 +628,30 @@ static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8
     }
     if (rh->flow) {
         /* A failed cable's traffic, come round it (checked by relay_recv):
-         * its own flow goes on, numbers and credit as before. */
+         * its own flow goes on, numbers and credit as before.  From its
+         * source over another cable it is the source's word; through a relay,
+         * believed once this end's channel over the cable failed too. */
         const tb_topo_t *t = e->topo;
+        eng_msg_t *m;
         p = tb_eng_peer_for(e, t->peer_dev[src][rh->flow - 1], t->host[src].id, false);
-        if (NULL == p || ENG_PEER_FAILED == p->state || ENG_PEER_CLOSED == p->state) {
+        if (NULL == p || p->routed || ENG_PEER_FAILED == p->state
+            || ENG_PEER_CLOSED == p->state) {
             return; /* never used, or failed here too: its ranks were told */
         }
-        tb_eng_peer_recv(p, rh->tag, body, blen);
+        if (tb_topo_find(t, n->id) == (int) src || cable_gone(p)) {
+            round_in(p, n, rh->tag, body, blen);
+            return;
+        }
+        if (p->round_cost + ENG_MSG_COST(blen) > ENG_DETOUR_HOLD(e)
+            || NULL == (m = tb_eng_msg_new(0, rh->tag, (uint16_t) n->idx, 0, body, blen, NULL,
+                                           0))) {
+            relay_violation(n, "detour bound",
+                            "it brought round a cable that had not failed here more than one "
+                            "credit window");
+            return;
+        }
+        p->round_cost += ENG_MSG_COST(blen);
+        tb_eng_msg_append(&p->round_head, &p->round_tail, m);
         return;
     }
     p = routed_make(e, src, &why);
@@ -807,6 +876,7 @@ bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
     p->destroy = NULL != p->conn;
     p->credit_changed = true;
     p->ret_pending = true;
+    tb_eng_round_take(p);
     return true;
 }
 

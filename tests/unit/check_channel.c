@@ -1133,6 +1133,61 @@ START_TEST(test_hand_back)
 }
 END_TEST
 
+/* A message of more frames than its lane's window cannot be kept whole: its
+ * frames go as they are acked, and a channel that fails mid-way hands it back
+ * as lost (no bytes), never cut short; the whole messages around it come back
+ * intact. */
+START_TEST(test_hand_back_large)
+{
+    unsigned lost = 0;
+
+    hand_back = 1;
+    for (unsigned k = 1; k <= 48; k++) {
+        tb_lossy_cfg_t cfg;
+        tb_channel_params_t p;
+        pair_t *pr;
+        flow_t *f;
+        unsigned first;
+
+        /* Half the runs lose small frames, so a whole bulk message waits
+         * for an older small one while the large one behind it goes on. */
+        std_setup(&cfg, &p);
+        p.send_window[1] = k % 2 ? 2 : 4;
+        cfg.delay_ns = k % 2 ? 100 * 1000 : 0;
+        cfg.lane_loss[0] = k % 2 ? 0 : 0.5;
+        cfg.poll_budget = k % 2 ? cfg.poll_budget : 1;
+        cfg.seed = k;
+        pr = pair_new(&cfg, &p);
+        pair_connect(pr);
+        ck_assert(run_until(pr, both_connected, 2000 * MS));
+        f = &pr->flow[1];
+        ck_assert_int_eq(send_msg(pr, 0, 100, 1), TB_CHAN_OK);
+        ck_assert_int_eq(send_msg(pr, 0, 70000, 4), TB_CHAN_OK);  /* 2 bulk frames */
+        ck_assert_int_eq(send_msg(pr, 0, 300000, 2), TB_CHAN_OK); /* 5 */
+        ck_assert_int_eq(send_msg(pr, 0, 100, 3), TB_CHAN_OK);
+        run_for(pr, (k + 1) / 2 * 30 * 1000);
+        tb_lossy_set_dead(pr->net, 1, 1);
+        ck_assert(run_until(pr, p0_failed, 5000 * MS));
+        first = f->nsent - pr->p[0].nunsent;
+        ck_assert_uint_le(first, f->nrecv);
+        for (unsigned j = 0; j < pr->p[0].nunsent; j++) {
+            unsigned i = first + j;
+            ck_assert_uint_eq(pr->p[0].unsent_len[j], f->lens[i]);
+            if (~0u == pr->p[0].unsent_crc[j]) {
+                ck_assert_uint_eq(f->lens[i], 300000);
+                lost++;
+            } else {
+                ck_assert_uint_eq(pr->p[0].unsent_crc[j],
+                                  tb_crc32c(0, src + f->offs[i], f->lens[i]));
+            }
+        }
+        pair_free(pr);
+    }
+    ck_assert_uint_gt(lost, 0);
+    hand_back = 0;
+}
+END_TEST
+
 /* Idle: keepalives keep the channel up; then the peer dies. */
 START_TEST(test_peer_death_idle)
 {
@@ -2137,6 +2192,7 @@ static Suite *channel_suite(void)
     tcase_add_test(tc, test_stall_timeout);
     tcase_add_test(tc, test_peer_death_pending);
     tcase_add_test(tc, test_hand_back);
+    tcase_add_test(tc, test_hand_back_large);
     tcase_add_test(tc, test_peer_death_idle);
     tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_late_peer);

@@ -1161,6 +1161,14 @@ START_TEST(detour_received)
     ck_assert_int_eq(c->state, ENG_PEER_FAILED);
     ck_assert_uint_eq(b->rx_seq, 2);
     eh_fini(&h);
+
+    /* A relay that skips a number is cut, not the flow it claims. */
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    detour_from(c, &t, hb, h.e->me, 1, 1);
+    ck_assert_int_eq(c->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(b->rx_seq, 0);
+    eh_fini(&h);
 }
 END_TEST
 
