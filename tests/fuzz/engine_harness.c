@@ -129,6 +129,18 @@ void eh_relay_table(eng_harness_t *h)
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
 }
 
+void eh_second_device(eng_harness_t *h)
+{
+    tb_engine_t *e = h->e;
+
+    strcpy(h->dev2.name, "fake1");
+    strcpy(h->dev2.netdev, "fake1");
+    e->devs[1].e = e;
+    e->devs[1].idx = 1;
+    e->devs[1].dev = &h->dev2;
+    e->ndev = 2;
+}
+
 void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last)
 {
     /* 10.0.1.0/30 joins peer 1 and this engine's device 0, 10.0.2.0/30 its
@@ -137,12 +149,7 @@ void eh_relay_middle(eng_harness_t *h, eng_peer_t **first, eng_peer_t **last)
     tb_engine_t *e = h->e;
     const uint8_t *ids[3];
 
-    strcpy(h->dev2.name, "fake1");
-    strcpy(h->dev2.netdev, "fake1");
-    e->devs[1].e = e;
-    e->devs[1].idx = 1;
-    e->devs[1].dev = &h->dev2;
-    e->ndev = 2;
+    eh_second_device(h);
     *first = eh_peer(h, 1);
     memcpy(e->id, (*first)->id, sizeof(e->id));
     e->id[12] = 'm'; /* after peer 1's id, before peer 2's */

@@ -22,7 +22,7 @@
 typedef struct eng_harness {
     tb_engine_t *e;
     tb_device_t dev;
-    tb_device_t dev2; /* a second device, for eh_relay_middle */
+    tb_device_t dev2; /* a second device (eh_second_device) */
     void *seg[EH_RANKS];
     tb_shm_ring_t to_engine[EH_RANKS];   /* the ranks' side of their rings */
     tb_shm_ring_t from_engine[EH_RANKS];
@@ -44,6 +44,9 @@ eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev);
  * peer 2 (this engine is host 0, peer 1 host 1, peer 2 host 2), in
  * h->relay_table; the harness's device gets its address on it. */
 void eh_relay_table(eng_harness_t *h);
+
+/* The engine gets a second device (fake1, its index 1), with no address yet. */
+void eh_second_device(eng_harness_t *h);
 
 /* The job's table of hosts for a line of three with this engine in the
  * middle: peer 1 (host 0) on its device 0, peer 2 (host 2) on a second

@@ -1077,12 +1077,7 @@ static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t
 
     (void) setup(h);
     e = h->e;
-    strcpy(h->dev2.name, "fake1");
-    strcpy(h->dev2.netdev, "fake1");
-    e->devs[1].e = e;
-    e->devs[1].idx = 1;
-    e->devs[1].dev = &h->dev2;
-    e->ndev = 2;
+    eh_second_device(h);
     *b = eh_peer_on(h, 1, 0);
     *c = eh_peer_on(h, 2, 1);
     memset(table, 0, sizeof(table));
