@@ -76,8 +76,15 @@ enum {
  * for the opposite pair, not under credit, at most one per message it
  * answers, as much again; so four quarter windows, and one largest message. */
 #define ENG_RELAY_HOLD(e, nh)                                                            \
-    ((uint64_t) ((e)->relay_pairs_from[nh] + (e)->detour_pairs_from[nh])                \
-     * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
+    ((uint64_t) (e)->relay_pairs_from[nh]                                               \
+         * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG))                     \
+     + (uint64_t) (e)->detour_pairs_from[nh] * ENG_DETOUR_RELAY_HOLD(e))
+/* A failed cable's flow going round it through here: what its channel had
+ * in flight when it failed, sent again at once (DATA under credit: at most a
+ * window per rank of the far host, which one engine serves at most
+ * ENG_MAX_RANKS of), then the routed share, as for a pair of hosts. */
+#define ENG_DETOUR_RELAY_HOLD(e)                                                         \
+    ((uint64_t) (ENG_MAX_RANKS + 1) * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
 /* What one cable's traffic come round it may hold here before this end sees
  * the cable fail (the sender's routed share of the window keeps well within
  * it); a relay that sends more is cut. */
@@ -278,12 +285,10 @@ struct eng_peer {
     uint64_t relay_held;
     /* Its flow's numbers (tb_wire_emsg_t.seq): the next to send, the next
      * expected; duplicates dropped.  What its failed channel handed back,
-     * in order, goes again before anything else (resend_cost: the credit
-     * cost of the DATA among it, not in flight while it waits). */
+     * in order, goes again before anything else. */
     uint32_t tx_seq, rx_seq;
     uint64_t dups;
     eng_msg_t *resend_head, *resend_tail;
-    uint64_t resend_cost;
     unsigned nresent;
     bool lost_unsent; /* its channel could not hand back everything */
     /* Its cable's traffic come round it through a relay while this end's

@@ -81,7 +81,6 @@ static void drop_resends(eng_peer_t *p)
         free(m);
     }
     p->resend_tail = NULL;
-    p->resend_cost = 0;
 }
 
 static void drop_notices(eng_peer_t *p)
@@ -484,24 +483,18 @@ static int send_notices(eng_peer_t *p)
     return n;
 }
 
-/* What p's failed channel handed back, in order, before anything else; over
- * another host, within the share of the window a routed peer keeps in
- * flight (what was in flight before still counts till its credit is back). */
+/* What p's failed channel handed back, in order, before anything else, as
+ * fast as the new way takes it.  Not held to the routed share of the window:
+ * its DATA is in flight already (under credit), and its CREDIT messages, in
+ * the same order, are what the far end waits for to send its own (each end
+ * would wait for the other's). */
 static int send_resends(eng_peer_t *p)
 {
     tb_channel_t *ch = tb_eng_peer_channel(p);
-    uint64_t share = p->e->p.credit_window / ENG_ROUTED_WINDOW_SHARE;
     eng_msg_t *m;
     int n = 0;
 
     while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->resend_head)) {
-        uint64_t cost = TB_ETAG_DATA == m->tag ? tb_ecredit_cost(m->len - sizeof(tb_wire_emsg_t))
-                                               : 0;
-        uint64_t out = p->used_total - (p->resend_cost < p->used_total ? p->resend_cost
-                                                                        : p->used_total);
-        if (tb_eng_peer_relayed(p) && 0 != cost && 0 != out && out + cost > share) {
-            break;
-        }
         p->resend_head = m->next;
         if (NULL == p->resend_head) {
             p->resend_tail = NULL;
@@ -516,7 +509,6 @@ static int send_resends(eng_peer_t *p)
             p->resend_tail = p->resend_tail ? p->resend_tail : m;
             break;
         }
-        p->resend_cost -= cost < p->resend_cost ? cost : p->resend_cost;
         p->nresent++;
         ++n;
     }
@@ -765,9 +757,6 @@ static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iov
         off += iov[i].iov_len;
     }
     m->kind = ENG_COOKIE_MSG;
-    if (TB_ETAG_DATA == tag && len >= sizeof(tb_wire_emsg_t)) {
-        p->resend_cost += tb_ecredit_cost(len - sizeof(tb_wire_emsg_t));
-    }
     tb_eng_msg_append(&p->resend_head, &p->resend_tail, m);
 }
 
