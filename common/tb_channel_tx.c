@@ -276,6 +276,20 @@ static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
     }
 }
 
+/* The oldest message lane t has not had wholly acked: its oldest unacked
+ * frame's, else the next one it will send; false when it has none. */
+static int lane_oldest_unacked(const tb_tx_lane_t *t, uint32_t *msg_id)
+{
+    if (t->una != t->next_seq) {
+        *msg_id = t->ring[t->una % t->window].msg_id;
+    } else if (t->q_cur) {
+        *msg_id = t->q_cur->msg_id;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* Whether message msg_id may start on lane l: less than TB_CHAN_MAX_AHEAD
  * past the oldest unacked message of every other lane.  Every message below
  * those is acked, hence accepted (an acked frame is never dropped), and so are
@@ -284,18 +298,8 @@ static void tx_stall(tb_channel_t *ch, tb_tx_lane_t *t)
 static int tb_ch_tx_order_ok(const tb_channel_t *ch, unsigned l, uint32_t msg_id)
 {
     for (unsigned l2 = 0; l2 < ch->p.nlanes; l2++) {
-        const tb_tx_lane_t *t = &ch->tx[l2];
         uint32_t oldest;
-        if (l2 == l) {
-            continue;
-        }
-        /* The oldest unacked message of lane l2: its oldest unacked frame's,
-         * else the next one it will send. */
-        if (t->una != t->next_seq) {
-            oldest = t->ring[t->una % t->window].msg_id;
-        } else if (t->q_cur) {
-            oldest = t->q_cur->msg_id;
-        } else {
+        if (l2 == l || !lane_oldest_unacked(&ch->tx[l2], &oldest)) {
             continue;
         }
         if (tb_seq_diff(msg_id, oldest) >= (int32_t) TB_CHAN_MAX_AHEAD) {
@@ -452,23 +456,14 @@ void tb_ch_tx_complete_reqs(tb_channel_t *ch, tb_tx_lane_t *t)
     }
 }
 
-/* The oldest message not wholly acked, over every lane: its oldest unacked
- * frame's, else the oldest it has yet to send. */
+/* The oldest message not wholly acked, over every lane. */
 static uint32_t tx_oldest_unacked(const tb_channel_t *ch)
 {
     uint32_t oldest = ch->next_msg_id;
 
     for (unsigned l = 0; l < ch->p.nlanes; l++) {
-        const tb_tx_lane_t *t = &ch->tx[l];
         uint32_t m;
-        if (t->una != t->next_seq) {
-            m = t->ring[t->una % t->window].msg_id;
-        } else if (t->q_cur) {
-            m = t->q_cur->msg_id;
-        } else {
-            continue;
-        }
-        if (tb_seq_lt(m, oldest)) {
+        if (lane_oldest_unacked(&ch->tx[l], &m) && tb_seq_lt(m, oldest)) {
             oldest = m;
         }
     }
@@ -518,7 +513,7 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
         int lane = -1;
         uint32_t best = 0, m = 0, len = 0;
         uint8_t tag = 0;
-        int whole = 1;
+        int whole;
         unsigned n = 0, cap;
         size_t total = 0;
         struct iovec *iov;
@@ -552,9 +547,6 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
         }
         while (seq[lane] != t->next_seq && t->ring[seq[lane] % t->window].msg_id == best) {
             const tb_wire_frame_hdr_t *h = t->ring[seq[lane] % t->window].buf;
-            if (0 == n && 0 != tb_wire_le32(h->frag_offset)) {
-                whole = 0; /* larger than the window: its first frames are gone */
-            }
             iov[n].iov_base = (unsigned char *) t->ring[seq[lane] % t->window].buf
                               + TB_WIRE_HDR_SIZE;
             iov[n++].iov_len = tb_wire_le32(h->payload_len);
@@ -575,9 +567,9 @@ void tb_ch_tx_hand_back(tb_channel_t *ch)
             len = r->len;
             req[lane] = r->next;
         }
-        if (total != len) {
-            whole = 0; /* its first frames went as they were acked */
-        }
+        /* Short when it is larger than the window: its first frames went as
+         * they were acked. */
+        whole = total == len;
         ch->in_callback++;
         ch->cb.unsent(ch->cb.ctx, tag, whole ? iov : NULL, whole ? (int) n : 0, len);
         ch->in_callback--;
