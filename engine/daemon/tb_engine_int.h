@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -289,7 +290,7 @@ struct eng_peer {
     uint32_t tx_seq, rx_seq;
     uint64_t dups;
     eng_msg_t *resend_head, *resend_tail;
-    unsigned nresent;
+    unsigned nresend;
     bool lost_unsent; /* its channel could not hand back everything */
     /* Its cable's traffic come round it through a relay while this end's
      * channel still stood: believed only once that fails too (till then a
@@ -486,6 +487,40 @@ static inline void tb_eng_msg_append(eng_msg_t **head, eng_msg_t **tail, eng_msg
         *head = m;
     }
     *tail = m;
+}
+
+/* The first of the list head..tail, taken off it (NULL: empty). */
+static inline eng_msg_t *tb_eng_msg_pop(eng_msg_t **head, eng_msg_t **tail)
+{
+    eng_msg_t *m = *head;
+
+    if (m) {
+        *head = m->next;
+        if (NULL == *head) {
+            *tail = NULL;
+        }
+    }
+    return m;
+}
+
+/* m back at the front of the list head..tail (a send that did not go). */
+static inline void tb_eng_msg_push_front(eng_msg_t **head, eng_msg_t **tail, eng_msg_t *m)
+{
+    m->next = *head;
+    *head = m;
+    if (NULL == *tail) {
+        *tail = m;
+    }
+}
+
+/* Every message of the list head..tail freed. */
+static inline void tb_eng_msg_free_all(eng_msg_t **head, eng_msg_t **tail)
+{
+    eng_msg_t *m;
+
+    while ((m = tb_eng_msg_pop(head, tail))) {
+        free(m);
+    }
 }
 void tb_eng_tx_consumed(eng_rank_t *r, uint64_t end);
 /* A RECV of len payload bytes from peer link ends at the ring's head now:

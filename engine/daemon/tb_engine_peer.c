@@ -74,25 +74,14 @@ static void peer_addr(const eng_peer_t *p, char *buf, size_t len)
 
 static void drop_resends(eng_peer_t *p)
 {
-    eng_msg_t *m;
-
-    while ((m = p->resend_head)) {
-        p->resend_head = m->next;
-        free(m);
-    }
-    p->resend_tail = NULL;
+    p->nresend = 0;
+    tb_eng_msg_free_all(&p->resend_head, &p->resend_tail);
 }
 
 static void drop_notices(eng_peer_t *p)
 {
-    eng_msg_t *m;
-
     p->nnotices = 0;
-    while ((m = p->notice_head)) {
-        p->notice_head = m->next;
-        free(m);
-    }
-    p->notice_tail = NULL;
+    tb_eng_msg_free_all(&p->notice_head, &p->notice_tail);
 }
 
 /* The lanes of p's channel, to the log. */
@@ -448,39 +437,48 @@ int tb_eng_send_local(eng_rank_t *r, const tb_wire_erec_t *h, const void *payloa
     return 1;
 }
 
-/* Notices that waited for room in the channel, in order. */
-static int send_notices(eng_peer_t *p)
+/* The list head..tail (*count long) to p in order, as far as the channel
+ * takes it, numbered in p's flow unless it was already (number false).  Each
+ * goes off the list before the channel has it: a send that fails the peer at
+ * once drops the list, and must not free it under the channel; the channel
+ * frees it at its completion. */
+static int send_list(eng_peer_t *p, eng_msg_t **head, eng_msg_t **tail, unsigned *count,
+                     bool number)
 {
     tb_channel_t *ch = tb_eng_peer_channel(p);
     eng_msg_t *m;
     int n = 0;
 
-    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL == p->resend_head
-           && NULL != (m = p->notice_head)) {
-        /* Off the list before the channel has it: a send that fails the
-         * peer at once (drop_notices) must not free it under the channel. */
-        p->notice_head = m->next;
-        p->nnotices--;
-        if (NULL == p->notice_head) {
-            p->notice_tail = NULL;
+    while (NULL != ch && ENG_PEER_CONNECTED == p->state
+           && NULL != (m = tb_eng_msg_pop(head, tail))) {
+        (*count)--;
+        if (number) {
+            tb_eng_seq_put(p, m->data);
         }
-        tb_eng_seq_put(p, m->data);
         if (TB_CHAN_OK != peer_send(p, ch, m)) {
             if (ENG_PEER_CONNECTED != p->state) {
                 free(m);
                 break;
             }
-            m->next = p->notice_head;
-            p->notice_head = m;
-            p->notice_tail = p->notice_tail ? p->notice_tail : m;
-            p->nnotices++;
+            tb_eng_msg_push_front(head, tail, m);
+            (*count)++;
             break;
         }
-        /* The channel's now: freed at its completion. */
-        tb_eng_seq_sent(p);
+        if (number) {
+            tb_eng_seq_sent(p);
+        }
         ++n;
     }
     return n;
+}
+
+/* Notices that waited for room in the channel, in order, after what a
+ * failed channel handed back. */
+static int send_notices(eng_peer_t *p)
+{
+    return NULL == p->resend_head
+               ? send_list(p, &p->notice_head, &p->notice_tail, &p->nnotices, true)
+               : 0;
 }
 
 /* What p's failed channel handed back, in order, before anything else, as
@@ -490,29 +488,7 @@ static int send_notices(eng_peer_t *p)
  * would wait for the other's). */
 static int send_resends(eng_peer_t *p)
 {
-    tb_channel_t *ch = tb_eng_peer_channel(p);
-    eng_msg_t *m;
-    int n = 0;
-
-    while (NULL != ch && ENG_PEER_CONNECTED == p->state && NULL != (m = p->resend_head)) {
-        p->resend_head = m->next;
-        if (NULL == p->resend_head) {
-            p->resend_tail = NULL;
-        }
-        if (TB_CHAN_OK != peer_send(p, ch, m)) {
-            if (ENG_PEER_CONNECTED != p->state) {
-                free(m);
-                break;
-            }
-            m->next = p->resend_head;
-            p->resend_head = m;
-            p->resend_tail = p->resend_tail ? p->resend_tail : m;
-            break;
-        }
-        p->nresent++;
-        ++n;
-    }
-    return n;
+    return send_list(p, &p->resend_head, &p->resend_tail, &p->nresend, false);
 }
 
 /* Credit owed to the sending engine for what local ranks consumed: sent
@@ -758,6 +734,7 @@ static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iov
     }
     m->kind = ENG_COOKIE_MSG;
     tb_eng_msg_append(&p->resend_head, &p->resend_tail, m);
+    p->nresend++;
 }
 
 static void chan_error(void *ctx, int status, const char *why)

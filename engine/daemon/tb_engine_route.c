@@ -192,11 +192,7 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     index_routes(e);
     log_routes(e);
     /* What was relayed to this engine before it knew the routes, in order. */
-    while ((m = e->early_head)) {
-        e->early_head = m->next;
-        if (NULL == e->early_head) {
-            e->early_tail = NULL;
-        }
+    while ((m = tb_eng_msg_pop(&e->early_head, &e->early_tail))) {
         e->early_bytes -= ENG_MSG_COST(m->len);
         tb_eng_relay_recv(e->peers[m->link], m->data, m->len);
         free(m);
@@ -356,11 +352,9 @@ static void fwd_drop(eng_peer_t *q)
 {
     eng_msg_t *m;
 
-    while ((m = q->fwd_head)) {
-        q->fwd_head = m->next;
+    while ((m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
         tb_eng_relay_done(q->e, m);
     }
-    q->fwd_tail = NULL;
 }
 
 void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m)
@@ -381,22 +375,16 @@ static int fwd_drain(eng_peer_t *q)
     size_t taken = 0;
     int n = 0;
 
-    while (NULL != ch && ENG_PEER_CONNECTED == q->state && NULL != (m = q->fwd_head)
-           && taken < ENG_TX_SHARE) {
+    while (NULL != ch && ENG_PEER_CONNECTED == q->state && taken < ENG_TX_SHARE
+           && NULL != (m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
         /* Off the queue before the channel has it: a send that fails q at
          * once (fwd_drop) must not free it under the channel. */
-        q->fwd_head = m->next;
-        if (NULL == q->fwd_head) {
-            q->fwd_tail = NULL;
-        }
         if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
             if (ENG_PEER_CONNECTED != q->state) {
                 tb_eng_relay_done(q->e, m);
                 break;
             }
-            m->next = q->fwd_head;
-            q->fwd_head = m;
-            q->fwd_tail = q->fwd_tail ? q->fwd_tail : m;
+            tb_eng_msg_push_front(&q->fwd_head, &q->fwd_tail, m);
             break;
         }
         taken += m->len;
@@ -542,13 +530,15 @@ static bool cable_gone(const eng_peer_t *p)
     return NULL != p->via || NULL == p->conn || 0 != tb_channel_status(tb_conn_channel(p->conn));
 }
 
-/* A message of p's flow come round its cable through neighbour n: one that
- * skips a number is the relay's fault when it is not the source. */
-static void round_in(eng_peer_t *p, eng_peer_t *n, uint8_t tag, const uint8_t *body, size_t blen)
+/* A message of p's flow come round its cable through neighbour n (by_src: n
+ * is its source, over another cable): one that skips a number is the relay's
+ * fault when it is not the source. */
+static void round_in(eng_peer_t *p, eng_peer_t *n, bool by_src, uint8_t tag, const uint8_t *body,
+                     size_t blen)
 {
     tb_wire_emsg_t h;
 
-    if (blen >= sizeof(h) && tb_topo_find(p->e->topo, n->id) != tb_topo_find(p->e->topo, p->id)) {
+    if (!by_src && blen >= sizeof(h)) {
         memcpy(&h, body, sizeof(h));
         if ((int32_t) (tb_wire_le32(h.seq) - p->rx_seq) > 0) {
             relay_violation(n, "detour out of sequence",
@@ -563,14 +553,11 @@ void tb_eng_round_take(eng_peer_t *p)
 {
     eng_msg_t *m;
 
-    while ((m = p->round_head)) {
-        p->round_head = m->next;
-        if (NULL == p->round_head) {
-            p->round_tail = NULL;
-        }
+    /* Held only when a relay brought it. */
+    while ((m = tb_eng_msg_pop(&p->round_head, &p->round_tail))) {
         p->round_cost -= ENG_MSG_COST(m->len);
         if (m->link < p->e->npeers && ENG_PEER_CONNECTED == p->state) {
-            round_in(p, p->e->peers[m->link], m->tag, m->data, m->len);
+            round_in(p, p->e->peers[m->link], false, m->tag, m->data, m->len);
         }
         free(m);
     }
@@ -578,18 +565,12 @@ void tb_eng_round_take(eng_peer_t *p)
 
 void tb_eng_round_drop(eng_peer_t *p)
 {
-    eng_msg_t *m;
-
-    while ((m = p->round_head)) {
-        p->round_head = m->next;
-        free(m);
-    }
-    p->round_tail = NULL;
+    tb_eng_msg_free_all(&p->round_head, &p->round_tail);
     p->round_cost = 0;
 }
 
-/* A message for this engine, from host src. */
-static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8_t *body,
+/* A message for this engine, from host src, through neighbour n (host nh). */
+static void relay_arrived(eng_peer_t *n, int nh, const tb_wire_erelay_t *rh, const uint8_t *body,
                           size_t blen)
 {
     tb_engine_t *e = n->e;
@@ -638,8 +619,8 @@ static void relay_arrived(eng_peer_t *n, const tb_wire_erelay_t *rh, const uint8
             || ENG_PEER_CLOSED == p->state) {
             return; /* never used, or failed here too: its ranks were told */
         }
-        if (tb_topo_find(t, n->id) == (int) src || cable_gone(p)) {
-            round_in(p, n, rh->tag, body, blen);
+        if (nh == (int) src || cable_gone(p)) {
+            round_in(p, n, nh == (int) src, rh->tag, body, blen);
             return;
         }
         if (p->round_cost + ENG_MSG_COST(blen) > ENG_DETOUR_HOLD(e)
@@ -740,7 +721,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
         return;
     }
     if (dst == e->me) {
-        relay_arrived(n, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh));
+        relay_arrived(n, nh, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh));
         return;
     }
     if (0 == rh.hops_left) {
@@ -792,15 +773,6 @@ int tb_eng_routes_progress(tb_engine_t *e)
 
 /* ---- going round a failed cable -------------------------------------------- */
 
-static size_t count_msgs(const eng_msg_t *m)
-{
-    size_t n = 0;
-
-    for (; m; m = m->next) {
-        ++n;
-    }
-    return n;
-}
 
 /* The way round p's failed cable to host h: another cable to h, else one to
  * the lowest host cabled to both (its lowest cable), made and dialled if need
@@ -861,14 +833,14 @@ bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
         p->relay[tag].flow = (uint8_t) (p->dev + 1);
     }
     TB_WARN("the cable %s (%s) to engine %02x%02x%02x%02x (host %d) failed: %s; its traffic "
-            "goes round it from now on, %s engine %02x%02x%02x%02x over %s, %zu message%s "
+            "goes round it from now on, %s engine %02x%02x%02x%02x over %s, %u message%s "
             "sent again",
             e->devs[p->dev].dev->name, e->devs[p->dev].dev->netdev, p->id[0], p->id[1], p->id[2],
             p->id[3], h, why, 0 == memcmp(q->id, p->id, sizeof(p->id))
                                   ? "over another cable to"
                                   : "through",
             q->id[0], q->id[1], q->id[2], q->id[3], e->devs[q->dev].dev->name,
-            count_msgs(p->resend_head), 1 == count_msgs(p->resend_head) ? " is" : "s are");
+            p->nresend, 1 == p->nresend ? " is" : "s are");
     e->faults++;
     snprintf(text, sizeof(text), "%s over %s", why, e->devs[p->dev].dev->name);
     /* What it relayed for others over this cable cannot go round it. */
@@ -882,16 +854,10 @@ bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
 
 void tb_eng_routes_destroy(tb_engine_t *e)
 {
-    eng_msg_t *m;
-
     for (unsigned i = 0; i < e->npeers; ++i) {
         fwd_drop(e->peers[i]);
     }
-    while ((m = e->early_head)) {
-        e->early_head = m->next;
-        free(m);
-    }
-    e->early_tail = NULL;
+    tb_eng_msg_free_all(&e->early_head, &e->early_tail);
     free(e->topo);
     free(e->hosts);
     e->topo = NULL;
