@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 7
+#define TB_WIRE_ENGINE_VERSION 8
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -199,6 +199,12 @@ enum {
     /* Only inside RELAY, from a relay (its src_host): it lost the way to the
      * host tb_wire_eunreach_t names; then why, as text. */
     TB_ETAG_UNREACH = 5,
+    /* A failed cable that works again (daemon/tb_engine_back.c).  BACK: the
+     * last message of the flow that goes round the cable; what follows comes
+     * over it, once the far end answers BACK_OK (not numbered, over the
+     * cable's new channel, seq naming the BACK it answers).  Header only. */
+    TB_ETAG_BACK = 6,
+    TB_ETAG_BACK_OK = 7,
 };
 
 typedef struct __attribute__((packed)) tb_wire_eunreach {
@@ -210,7 +216,7 @@ typedef struct __attribute__((packed)) tb_wire_erelay {
     uint32_t digest;   /* of the job's host table both ends route by */
     uint16_t src_host; /* index in that table (sorted by engine id) */
     uint16_t dst_host;
-    uint8_t tag;       /* the message's own: DATA, CREDIT, GONE or UNREACH */
+    uint8_t tag;       /* the message's own: DATA, CREDIT, GONE, UNREACH; BACK (flow) */
     uint8_t hops_left; /* set to the number of hosts; a relay that finds 0 drops it */
     /* 0: between two engines no cable joins, along the table's route.  d + 1:
      * the traffic of src_host's cable on its device d to dst_host, which

@@ -262,11 +262,11 @@ static int cm_accept(void *ctx, const void *peer_id, size_t id_len, const tb_wir
         return -1;
     }
     p = tb_eng_peer_for(d->e, d->idx, peer_id, true);
-    if (NULL == p || ENG_PEER_IDLE != p->state
-        || (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid)))) {
+    if (NULL == p || (p->known && 0 != memcmp(peer->gid, p->gid, sizeof(p->gid)))) {
         return -1;
     }
-    if (0 != tb_eng_peer_make_conn(p)) {
+    /* A peer not set up yet, or one whose failed cable is tried again. */
+    if (ENG_PEER_IDLE == p->state ? 0 != tb_eng_peer_make_conn(p) : !tb_eng_back_accept(p)) {
         return -1;
     }
     tb_conn_local_addr(p->conn, local);
@@ -281,6 +281,9 @@ static void cm_done(void *ctx, void *user, int status, const tb_wire_addr_t *pee
     int rc;
 
     (void) ctx;
+    if (tb_eng_back_setup_done(p, status, peer, why)) {
+        return;
+    }
     if (TB_CM_OK != status) {
         if (p->dial_tries < ENG_DIAL_TRIES && ENG_PEER_CONNECTING == p->state) {
             /* Not set up yet, not failed: start over in a moment (or when

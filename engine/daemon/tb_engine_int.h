@@ -49,6 +49,10 @@
  * 50 ms to 500 ms, about 7 s in all): the other engine may not have its
  * job's key yet, or may be starting. */
 #define ENG_DIAL_TRIES 20
+/* A failed cable's end with the lower engine id dials it again this often
+ * while its traffic goes round it (tb_engine_back.c); each try ends by the
+ * peer timeout at most. */
+#define ENG_BACK_EVERY_NS 1000000000ull
 /* Diffie-Hellmans for engines no rank named yet (tb_eng_cm_peer_secret): a burst
  * larger than the engines a host's cables reach (one per cable, and one
  * secret per engine whatever its cables), then 32 a second (about 3 % of a
@@ -278,7 +282,7 @@ struct eng_peer {
     eng_peer_t *via;
     unsigned host;
     uint64_t used_total;
-    tb_wire_erelay_t relay[TB_ETAG_UNREACH + 1];
+    tb_wire_erelay_t relay[TB_ETAG_BACK + 1];
     /* A neighbour: messages forwarded through it that its channel had no
      * room for, in order, and what this engine holds of what it relays for
      * it (its queue here and elsewhere, and in channels). */
@@ -298,6 +302,17 @@ struct eng_peer {
      * ENG_DETOUR_HOLD; link: the relay's peer index. */
     eng_msg_t *round_head, *round_tail;
     uint64_t round_cost;
+    /* Its failed cable coming back (tb_engine_back.c): back_at, when this
+     * end dials it again (0: the other end dials); back, a new channel over
+     * it (conn) while the flow goes round; back_up, that channel set up;
+     * back_seq, the number of the BACK sent round, once sent (back_sent:
+     * the flow waits for BACK_OK); back_rx, the far end's BACK came (its
+     * flow comes over the cable now), and back_ok_seq its number, owed a
+     * BACK_OK while back_ok_due. */
+    uint64_t back_at;
+    unsigned back_tries; /* since it went round: only the first failure is logged */
+    bool back, back_up, back_sent, back_rx, back_ok_due;
+    uint32_t back_seq, back_ok_seq;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
      * back.  The sender may not exceed the window: this end enforces it. */
@@ -601,6 +616,27 @@ int tb_eng_routes_progress(tb_engine_t *e);
 /* Everything relaying holds, freed (the engine ends). */
 void tb_eng_routes_destroy(tb_engine_t *e);
 
+/* tb_engine_back.c: a failed cable that works again carries its flow again. */
+/* p's traffic went round its cable (again): this end dials it from time to
+ * time if its engine id is the lower. */
+void tb_eng_back_arm(eng_peer_t *p, uint64_t now);
+/* Dialing, BACK and BACK_OK, as they fall due: how many happened. */
+int tb_eng_back_progress(eng_peer_t *p, uint64_t now);
+/* The connection manager's accept for p, which goes round its cable: a new
+ * channel over it made (true), or the call refused. */
+bool tb_eng_back_accept(eng_peer_t *p);
+/* Whether the connection manager's outcome for p is its new channel's (then
+ * taken: set up, or dropped till the next try). */
+bool tb_eng_back_setup_done(eng_peer_t *p, int status, const tb_wire_addr_t *peer,
+                            const char *why);
+/* p's channel failed: true when it was a new one its flow had not moved
+ * onto (dropped; the flow goes on round), false for the usual failure. */
+bool tb_eng_back_failed(eng_peer_t *p, const char *why);
+/* The far end's BACK numbered seq came (in its flow), or its BACK_OK over
+ * the new channel. */
+void tb_eng_back_came(eng_peer_t *p, uint32_t seq);
+void tb_eng_back_ok(eng_peer_t *p, uint32_t seq);
+
 /* tb_engine_peer.c: other engines. */
 /* p's channel once set up, or NULL. */
 tb_channel_t *tb_eng_peer_channel(eng_peer_t *p);
@@ -611,6 +647,8 @@ void tb_eng_peer_learn(eng_peer_t *p, const tb_wire_eroute_t *rt);
 /* p's channel, made and ready for the connection manager's exchange (0), or
  * p failed (-1). */
 int tb_eng_peer_make_conn(eng_peer_t *p);
+/* The same, p's state left as it is: 0, or -errno with p as it was. */
+int tb_eng_peer_new_conn(eng_peer_t *p);
 /* Destroy p's channel (outside its callbacks), counting what it copied. */
 void tb_eng_peer_drop_conn(eng_peer_t *p);
 /* The channel to p is gone: every rank is told, what waited dropped. */

@@ -176,7 +176,7 @@ void tb_eng_peer_drop_conn(eng_peer_t *p)
     p->conn = NULL;
 }
 
-int tb_eng_peer_make_conn(eng_peer_t *p)
+int tb_eng_peer_new_conn(eng_peer_t *p)
 {
     tb_channel_callbacks_t cb = {.ctx = p,
                                  .recv = chan_recv,
@@ -199,6 +199,15 @@ int tb_eng_peer_make_conn(eng_peer_t *p)
     rc = tb_conn_create(p->e->devs[p->dev].dom, &params, &cb, &p->conn);
     if (0 != rc) {
         p->conn = NULL;
+    }
+    return rc;
+}
+
+int tb_eng_peer_make_conn(eng_peer_t *p)
+{
+    int rc = tb_eng_peer_new_conn(p);
+
+    if (0 != rc) {
         tb_eng_peer_fail(p, TB_CHAN_ENOMEM,
                   -EBUSY == rc ? "the device's queue pairs are used up" : strerror(-rc));
         return -1;
@@ -222,8 +231,9 @@ tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
     if (p->via) {
         /* A routed peer's messages go over its first hop's channel (not if
-         * that hop's own cable failed: its channel is another way's). */
-        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via
+         * that hop's own cable failed: its channel is another way's).  A
+         * flow that sent BACK waits for its cable (tb_engine_back.c). */
+        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via && !p->back_sent
                    ? tb_eng_peer_channel(p->via)
                    : NULL;
     }
@@ -544,6 +554,7 @@ int tb_eng_peers_progress(tb_engine_t *e, uint64_t now)
             continue;
         }
         n += send_resends(p);
+        n += tb_eng_back_progress(p, now);
         n += send_notices(p);
         n += tb_eng_send_waiting(p);
         n += return_credit(p);
@@ -589,6 +600,11 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     if (0 != tb_emsg_parse(tag, data, len, &h, &fault)) {
         snprintf(why, sizeof(why), "it sent %s", fault);
         peer_violation(p, fault, why);
+        return;
+    }
+    if (TB_ETAG_BACK_OK == tag) {
+        /* Not in the flow: an answer over the cable's new channel. */
+        tb_eng_back_ok(p, tb_wire_le32(h.seq));
         return;
     }
     /* Its flow's next message, or one it had already (sent again round a
@@ -642,6 +658,9 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
         e->rx_bytes += plen;
         tb_eng_rank_post(r, TB_EREC_RECV, h.tag, tb_eng_recv_link(p, &h), src,
                          tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
+        return;
+    case TB_ETAG_BACK:
+        tb_eng_back_came(p, tb_wire_le32(h.seq));
         return;
     case TB_ETAG_CREDIT:
         if (NULL != (d = tb_eng_dst_of(p, dst, -1))) {
@@ -741,7 +760,7 @@ static void chan_error(void *ctx, int status, const char *why)
 {
     eng_peer_t *p = ctx;
 
-    if (!tb_eng_peer_detour(p, status, why)) {
+    if (!tb_eng_back_failed(p, why) && !tb_eng_peer_detour(p, status, why)) {
         tb_eng_peer_fail(p, status, why);
     }
 }

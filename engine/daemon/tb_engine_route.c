@@ -524,10 +524,12 @@ static bool on_my_route(const tb_engine_t *e, unsigned to, unsigned via)
     return false;
 }
 
-/* p's own channel over its cable is gone, or failing. */
+/* p's own channel over its cable is gone, or failing, or a new one is not
+ * yet carrying both ways (tb_engine_back.c). */
 static bool cable_gone(const eng_peer_t *p)
 {
-    return NULL != p->via || NULL == p->conn || 0 != tb_channel_status(tb_conn_channel(p->conn));
+    return NULL != p->via || p->back || NULL == p->conn
+           || 0 != tb_channel_status(tb_conn_channel(p->conn));
 }
 
 /* A message of p's flow come round its cable through neighbour n (by_src: n
@@ -714,7 +716,8 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
         return;
     }
     if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
-        || rh.tag < TB_ETAG_DATA || rh.tag > TB_ETAG_UNREACH || TB_ETAG_RELAY == rh.tag
+        || rh.tag < TB_ETAG_DATA || rh.tag > (rh.flow ? TB_ETAG_BACK : TB_ETAG_UNREACH)
+        || TB_ETAG_RELAY == rh.tag
         || (0 == rh.flow && !came_by_route(e, src, dst, nh, (int) n->dev))) {
         relay_violation(n, "relay route",
                         "it relayed a message whose route does not come through it");
@@ -823,7 +826,7 @@ bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
     }
     p->via = q;
     p->host = (unsigned) h;
-    for (unsigned tag = TB_ETAG_DATA; tag <= TB_ETAG_UNREACH; ++tag) {
+    for (unsigned tag = TB_ETAG_DATA; tag <= TB_ETAG_BACK; ++tag) {
         memset(&p->relay[tag], 0, sizeof(p->relay[tag]));
         p->relay[tag].digest = tb_wire_le32(t->digest);
         p->relay[tag].src_host = tb_wire_le16((uint16_t) e->me);
@@ -848,6 +851,7 @@ bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
     p->destroy = NULL != p->conn;
     p->credit_changed = true;
     p->ret_pending = true;
+    tb_eng_back_arm(p, tb_now_ns());
     tb_eng_round_take(p);
     return true;
 }

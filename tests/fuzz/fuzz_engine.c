@@ -67,7 +67,7 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
  * buf; its length. */
 static size_t peer_message(fuzz_in_t *in, const eng_peer_t *p, uint8_t *tag_out, uint8_t *buf)
 {
-    uint8_t tag = fuzz_u8(in) % 5;
+    uint8_t tag = fuzz_u8(in) % (TB_ETAG_BACK_OK + 1);
     tb_wire_emsg_t m;
     size_t len = fuzz_u16(in) % 512;
 
@@ -85,9 +85,14 @@ static size_t peer_message(fuzz_in_t *in, const eng_peer_t *p, uint8_t *tag_out,
         m.reserved2 = 0;
         /* Its flow's next number, now and then one it had already. */
         m.seq = tb_wire_le32(p->rx_seq - (0 == (fuzz_u8(in) & 7)));
+        if (TB_ETAG_BACK == tag || TB_ETAG_BACK_OK == tag) {
+            m.src = m.dst = m.src_pid = m.dst_pid = 0;
+            m.tag = 0;
+            m.flags = 0;
+        }
     }
     memcpy(buf, &m, sizeof(m));
-    len = TB_ETAG_CREDIT == tag ? 0 : len;
+    len = TB_ETAG_CREDIT == tag || TB_ETAG_BACK == tag || TB_ETAG_BACK_OK == tag ? 0 : len;
     (void) fuzz_bytes(in, buf + sizeof(m), len);
     *tag_out = tag;
     return sizeof(m) + len;

@@ -1101,32 +1101,51 @@ static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t
     *hc = (unsigned) tb_topo_find(t, (*c)->id);
 }
 
-/* A DATA message of flow `flow` (0: none) from host src to host dst, for rank
- * 1, numbered seq, as neighbour n passes it on. */
-static void detour_from(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
-                        unsigned flow, uint32_t seq)
+/* A message of flow `flow` (0: none) from host src to host dst, numbered
+ * seq, as neighbour n passes it on: DATA for rank 1 (one byte), or BACK. */
+static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
+                       unsigned flow, uint8_t tag, uint32_t seq)
 {
     uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 1];
     tb_wire_erelay_t rh;
     tb_wire_emsg_t m;
+    bool data = TB_ETAG_DATA == tag;
 
     memset(&rh, 0, sizeof(rh));
     rh.digest = tb_wire_le32(t->digest);
     rh.src_host = tb_wire_le16((uint16_t) src);
     rh.dst_host = tb_wire_le16((uint16_t) dst);
-    rh.tag = TB_ETAG_DATA;
+    rh.tag = tag;
     rh.hops_left = 3;
     rh.flow = (uint8_t) flow;
     memset(&m, 0, sizeof(m));
-    m.src = tb_wire_le32(7);
-    m.dst = tb_wire_le32(1);
-    m.src_pid = tb_wire_le32(EH_PID(7));
-    m.dst_pid = tb_wire_le32(EH_PID(1));
+    if (data) {
+        m.src = tb_wire_le32(7);
+        m.dst = tb_wire_le32(1);
+        m.src_pid = tb_wire_le32(EH_PID(7));
+        m.dst_pid = tb_wire_le32(EH_PID(1));
+    }
     m.seq = tb_wire_le32(seq);
     memcpy(buf, &rh, sizeof(rh));
     memcpy(buf + sizeof(rh), &m, sizeof(m));
     buf[sizeof(rh) + sizeof(m)] = 'x';
-    tb_eng_peer_recv(n, TB_ETAG_RELAY, buf, sizeof(buf));
+    tb_eng_peer_recv(n, TB_ETAG_RELAY, buf, sizeof(buf) - !data);
+}
+
+static void detour_from(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
+                        unsigned flow, uint32_t seq)
+{
+    detour_msg(n, t, src, dst, flow, TB_ETAG_DATA, seq);
+}
+
+/* BACK_OK for BACK number seq, over p's cable. */
+static void back_ok_from(eng_peer_t *p, uint32_t seq)
+{
+    tb_wire_emsg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.seq = tb_wire_le32(seq);
+    tb_eng_peer_recv(p, TB_ETAG_BACK_OK, &m, sizeof(m));
 }
 
 /* The traffic of peer 1's failed cable to this engine comes round it through
@@ -1224,6 +1243,99 @@ START_TEST(detour_taken)
 }
 END_TEST
 
+/* A failed cable that works again: the end with the lower engine id dials
+ * it; the far end's BACK, come round in its flow's order, is answered
+ * (BACK_OK owed) and what follows it still comes round until this end moves
+ * too; BACK_OK for this end's BACK, and only for it, moves the flow back
+ * onto the cable.  A new channel that fails first leaves the flow going
+ * round.  (What comes round a sound cable is held: the harness's peers have
+ * no channel, so that part is the virtual cluster's to show.) */
+START_TEST(back_moves_flow)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c;
+    tb_topo_t t;
+    unsigned hb, hc, recv = 0;
+    bool lower;
+
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    lower = memcmp(h.e->id, b->id, sizeof(b->id)) < 0;
+    ck_assert(tb_eng_peer_detour(b, TB_CHAN_ELINK, "test: link down"));
+    ck_assert_uint_eq(0 != b->back_at, lower);
+    ck_assert(!b->back);
+    /* Not while a channel over the cable is still being dropped. */
+    b->known = true;
+    b->destroy = true;
+    ck_assert(!tb_eng_back_accept(b));
+    b->destroy = false;
+
+    /* The far end's BACK, in its flow, through the relay. */
+    detour_from(c, &t, hb, h.e->me, 1, 0);
+    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 1);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(b->rx_seq, 2);
+    ck_assert(b->back_rx && b->back_ok_due);
+    ck_assert_uint_eq(b->back_ok_seq, 1);
+    /* A duplicate changes nothing; what follows it still comes round while
+     * this end's own flow goes round (b->via). */
+    b->back_ok_due = false;
+    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 1);
+    ck_assert(!b->back_ok_due);
+    detour_from(c, &t, hb, h.e->me, 1, 2);
+    ck_assert_uint_eq(b->rx_seq, 3);
+
+    /* This end sent BACK number 4: its flow waits for the cable, and only
+     * the BACK_OK naming 4 moves it there. */
+    b->back = b->back_up = b->back_sent = true;
+    b->back_seq = 4;
+    ck_assert_ptr_null(tb_eng_peer_channel(b));
+    back_ok_from(b, 3);
+    ck_assert_ptr_eq(b->via, c);
+    back_ok_from(b, 4);
+    ck_assert_ptr_null(b->via);
+    ck_assert(!b->back_sent);
+    ck_assert(!tb_eng_peer_relayed(b));
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    eh_progress(&h);
+    (void) eh_rank_read(&h, 1, 10, TB_EREC_RECV, &recv);
+    ck_assert_uint_eq(recv, 2);
+    /* BACK_OK cannot come round: it is the cable's own. */
+    {
+        uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t)];
+        tb_wire_erelay_t rh;
+        memset(buf, 0, sizeof(buf));
+        memset(&rh, 0, sizeof(rh));
+        rh.digest = tb_wire_le32(t.digest);
+        rh.src_host = tb_wire_le16((uint16_t) hb);
+        rh.dst_host = tb_wire_le16((uint16_t) h.e->me);
+        rh.tag = TB_ETAG_BACK_OK;
+        rh.hops_left = 3;
+        rh.flow = 1;
+        memcpy(buf, &rh, sizeof(rh));
+        tb_eng_peer_recv(c, TB_ETAG_RELAY, buf, sizeof(buf));
+        ck_assert_int_eq(c->state, ENG_PEER_FAILED);
+    }
+    eh_fini(&h);
+
+    /* A new channel that fails before the flow moved: dropped, the flow
+     * goes on round, the cable is tried again; the usual failure after. */
+    triangle(&h, &b, &c, &t, &hb, &hc);
+    ck_assert(tb_eng_peer_detour(b, TB_CHAN_EPEERDEAD, "test: dark"));
+    ck_assert(!tb_eng_back_failed(b, "test: not trying"));
+    b->back = b->back_up = b->back_sent = true;
+    ck_assert(tb_eng_back_failed(b, "test: failed again"));
+    ck_assert_ptr_eq(b->via, c);
+    ck_assert(!b->back && !b->back_sent);
+    ck_assert(b->destroy);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    b->destroy = false;
+    b->via = NULL;
+    b->back = true;
+    ck_assert(!tb_eng_back_failed(b, "test: moved already"));
+    eh_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine_peer");
@@ -1258,6 +1370,7 @@ int main(void)
     tcase_add_test(tc, detour_received);
     tcase_add_test(tc, detour_forwarded);
     tcase_add_test(tc, detour_taken);
+    tcase_add_test(tc, back_moves_flow);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
