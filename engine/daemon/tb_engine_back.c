@@ -87,7 +87,7 @@ static void dial(eng_peer_t *p, uint64_t now)
 static bool going_round(const eng_peer_t *p)
 {
     return ENG_PEER_CONNECTED == p->state && NULL != p->via && !p->routed && NULL == p->conn
-           && !p->destroy && p->known;
+           && !p->destroy;
 }
 
 bool tb_eng_back_accept(eng_peer_t *p)
@@ -102,7 +102,7 @@ bool tb_eng_back_setup_done(eng_peer_t *p, int status, const tb_wire_addr_t *pee
         return false;
     }
     if (TB_CM_OK == status && ENG_PEER_CONNECTED == p->state && p->conn
-        && 0 == memcmp(peer->gid, p->gid, sizeof(p->gid))
+        && (!p->known || 0 == memcmp(peer->gid, p->gid, sizeof(p->gid)))
         && TB_CHAN_OK == tb_conn_connect(p->conn, peer, tb_now_ns())) {
         p->back_up = true;
         TB_INFO("the cable %s (%s) to engine %02x%02x%02x%02x works again: its traffic moves "
@@ -182,7 +182,7 @@ int tb_eng_back_progress(eng_peer_t *p, uint64_t now)
 {
     int n = 0;
 
-    if (p->back_at && now >= p->back_at && going_round(p) && p->e->have_key) {
+    if (p->back_at && now >= p->back_at && going_round(p) && p->known && p->e->have_key) {
         dial(p, now);
         return 1;
     }

@@ -1264,7 +1264,6 @@ START_TEST(back_moves_flow)
     ck_assert_uint_eq(0 != b->back_at, lower);
     ck_assert(!b->back);
     /* Not while a channel over the cable is still being dropped. */
-    b->known = true;
     b->destroy = true;
     ck_assert(!tb_eng_back_accept(b));
     b->destroy = false;
