@@ -25,12 +25,20 @@
  *       every rank: MPI_Allreduce (MPI_SUM over doubles) of each size given
  *       (default 8 and 1048576 bytes).  Prints "allreduce BYTES ITERATIONS USEC"
  *       per size, the mean time of one call on the slowest rank.
+ *   mpibench gaps [-i SECONDS] [-s BYTES]
+ *       ranks 0 and 1: round trips of one BYTES-byte message (default 8 B),
+ *       checked, for SECONDS (default 30); rank 0 prints "gaps ready" once
+ *       they flow, then, at the end, "gap START_MS LENGTH_MS" for each time
+ *       between two round trips' ends longer than 100 ms (START_MS: the first
+ *       one's end, in ms of the Unix epoch, for a fault's time beside it) and
+ *       "gaps TRIPS MEDIAN_USEC" (the median round trip).
  */
 #include <mpi.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void usage(int rank)
@@ -40,7 +48,8 @@ static void usage(int rank)
                         "       mpibench pingpong [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench put|get [-w WINDOW] [-i ITERATIONS] [-s BYTES]\n"
                         "       mpibench allreduce [-i ITERATIONS] [-s BYTES]...\n"
-                        "       mpibench idle [-i SECONDS]\n");
+                        "       mpibench idle [-i SECONDS]\n"
+                        "       mpibench gaps [-i SECONDS] [-s BYTES]\n");
     }
     MPI_Abort(MPI_COMM_WORLD, 2);
 }
@@ -49,6 +58,79 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *) a, y = *(const double *) b;
     return (x > y) - (x < y);
+}
+
+static double epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
+
+/* When traffic stops and flows again (a cable cut, then gone round): round
+ * trips between ranks 0 and 1 for a while, each reply checked, and the
+ * gaps between their ends.  The other ranks wait in the final barrier. */
+#define GAPS_MAX 64
+#define GAPS_TRIPS (1 << 20)
+static int gaps(int rank, int seconds, size_t bytes)
+{
+    unsigned char *buf = calloc(1, bytes ? bytes : 1);
+    double *rt = NULL, t_end, t_prev, t, gap_at[GAPS_MAX], gap_len[GAPS_MAX];
+    int stop = 0, ngaps = 0, trips = 0, bad = 0;
+
+    if (NULL == buf || (0 == rank && NULL == (rt = calloc(GAPS_TRIPS, sizeof(*rt))))) {
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (0 == rank) {
+        t_end = MPI_Wtime() + seconds;
+        t_prev = epoch_ms();
+        while (!stop) {
+            double t0 = MPI_Wtime();
+            stop = t0 > t_end;
+            memset(buf, (unsigned char) trips, bytes);
+            buf[0] = (unsigned char) stop;
+            MPI_Send(buf, (int) bytes, MPI_BYTE, 1, 6, MPI_COMM_WORLD);
+            MPI_Recv(buf, (int) bytes, MPI_BYTE, 1, 6, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            for (size_t i = 1; i < bytes; ++i) {
+                bad += buf[i] != (unsigned char) (trips + 1);
+            }
+            t = epoch_ms();
+            if (t - t_prev > 100.0 && ngaps < GAPS_MAX) {
+                gap_at[ngaps] = t_prev;
+                gap_len[ngaps++] = t - t_prev;
+            }
+            t_prev = t;
+            if (trips < GAPS_TRIPS) {
+                rt[trips] = MPI_Wtime() - t0;
+            }
+            if (1 == ++trips) {
+                printf("gaps ready\n");
+                fflush(stdout);
+            }
+        }
+    } else if (1 == rank) {
+        while (!stop) {
+            MPI_Recv(buf, (int) bytes, MPI_BYTE, 0, 6, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            stop = buf[0];
+            for (size_t i = 1; i < bytes; ++i) {
+                buf[i]++;
+            }
+            MPI_Send(buf, (int) bytes, MPI_BYTE, 0, 6, MPI_COMM_WORLD);
+        }
+    }
+    if (0 == rank) {
+        int n = trips < GAPS_TRIPS ? trips : GAPS_TRIPS;
+        for (int i = 0; i < ngaps; ++i) {
+            printf("gap %.0f %.1f\n", gap_at[i], gap_len[i]);
+        }
+        qsort(rt, (size_t) n, sizeof(*rt), cmp_double);
+        printf("gaps %d %.2f%s\n", trips, n ? rt[n / 2] * 1e6 : 0.0,
+               bad ? " (replies with wrong bytes)" : "");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    free(rt);
+    free(buf);
+    return bad ? 1 : 0;
 }
 
 /* Every pair of ranks (2k, 2k+1) at once, 2k sending: with the ranks mapped by
@@ -359,6 +441,10 @@ int main(int argc, char **argv)
     } else if (0 == strcmp(mode, "put") || 0 == strcmp(mode, "get")) {
         onesided(rank, nranks, 'p' == mode[0], window ? window : 8, iters > 0 ? iters : 20,
                  nsizes ? bytes : (size_t) 1 << 20);
+    } else if (0 == strcmp(mode, "gaps")) {
+        if (nranks < 2 || gaps(rank, iters > 0 ? iters : 30, nsizes && bytes ? bytes : 8)) {
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
     } else if (0 == strcmp(mode, "idle")) {
         idle(rank, nranks, iters > 0 ? iters : 20);
     } else if (0 == strcmp(mode, "allreduce")) {
