@@ -13,7 +13,11 @@
  *    link included, and the channel's share above the floor;
  *  - frames per message in an 8 B ping-pong;
  *  - ack frames per MiB and wire bytes per payload byte, streaming;
- *  - the channel's copies per payload byte (sender and receiver).
+ *  - the channel's copies per payload byte (sender and receiver);
+ *  - what a relaying engine's channels add per forwarded message: a stream
+ *    through a middle side that takes each message off one channel and sends
+ *    it on over another, as the engine's relay_out does, against the same
+ *    stream over one channel; and the middle's copies per forwarded byte.
  *
  *   tb_overhead [--msgs N] [--stream-mib M] [--size BYTES]
  */
@@ -66,6 +70,8 @@ struct side {
     uint64_t frames, wire_bytes, lost;
     uint64_t delivered, delivered_bytes, in_slot_bytes;
     unsigned outstanding; /* sends not completed */
+    side_t *fwd;          /* a relay: what it receives goes on over fwd's channel */
+    uint64_t fwd_copied;  /* bytes it copied into fwd's send slots */
 };
 
 static void pool_init(pool_t *p, uint32_t size, unsigned count)
@@ -209,13 +215,27 @@ static unsigned poll_side(side_t *s, uint64_t now)
 static void on_recv(void *ctx, uint8_t tag, const void *data, size_t len)
 {
     side_t *s = ctx;
-    (void) tag;
     s->delivered++;
     s->delivered_bytes += len;
     for (unsigned l = 0; l < TB_WIRE_MAX_LANES; l++) {
         if (s->recv[l].mem && in_pool(&s->recv[l], data)) {
             s->in_slot_bytes += len;
         }
+    }
+    if (s->fwd) {
+        /* As the engine relays: straight into a send slot of the next
+         * channel when it can go at once, else queued by the channel. */
+        void *slot = tb_channel_send_begin(s->fwd->ch, tag, len);
+        if (slot) {
+            memcpy(slot, data, len);
+            tb_channel_send_commit(s->fwd->ch);
+        } else if (tb_channel_send(s->fwd->ch, tag, data, len, NULL) == 0) {
+            s->fwd->outstanding++;
+        } else {
+            fprintf(stderr, "tb_overhead: the relay's next channel refused a message\n");
+            exit(1);
+        }
+        s->fwd_copied += len;
     }
 }
 
@@ -370,6 +390,74 @@ static double fast_stream(pair_t *p, uint64_t msgs, uint64_t size, const unsigne
     return ns;
 }
 
+/* A stream of msgs messages of size bytes, at most 16 in flight, over one
+ * channel (relay NULL: p) or through a relay (p to its side 1, which sends
+ * each on over relay to relay's side 1).  ns of CPU per message, all sides
+ * together; *copies: the relay's copies per forwarded byte (its channel's
+ * out of the receive slots, and its own into the next channel's). */
+static double stream_through(pair_t *p, pair_t *relay, uint64_t msgs, uint64_t size,
+                             const unsigned char *payload, double *copies)
+{
+    side_t *last;
+    uint64_t t0, sent = 0;
+    double ns;
+
+    pair_open(p);
+    last = &p->s[1];
+    if (relay) {
+        pair_open(relay);
+        p->s[1].fwd = &relay->s[0];
+        last = &relay->s[1];
+    }
+    t0 = cpu_ns();
+    while (last->delivered < msgs) {
+        uint64_t t = now_ns();
+        while (sent < msgs && sent - last->delivered < 16) {
+            if (tb_channel_send(p->s[0].ch, 0x10, payload, size, NULL) != 0) {
+                break;
+            }
+            p->s[0].outstanding++;
+            sent++;
+        }
+        poll_side(&p->s[0], t);
+        poll_side(&p->s[1], t);
+        if (relay) {
+            poll_side(&relay->s[0], t);
+            poll_side(&relay->s[1], t);
+        }
+    }
+    ns = (double) (cpu_ns() - t0) / (double) msgs;
+    if (relay && copies) {
+        const side_t *r = &p->s[1];
+        *copies = (double) (r->delivered_bytes - r->in_slot_bytes + r->fwd_copied)
+                  / (double) r->delivered_bytes;
+    }
+    if (relay) {
+        p->s[1].fwd = NULL;
+        pair_close(relay);
+    }
+    pair_close(p);
+    return ns;
+}
+
+/* What a relay adds per message of size bytes: streams through it against
+ * streams over one channel, in the order ABBA. */
+static void relay_cost(uint64_t msgs, uint64_t size, const unsigned char *payload,
+                       const char *name)
+{
+    pair_t p, r;
+    double direct, relayed, copies = 0.0;
+
+    direct = stream_through(&p, NULL, msgs, size, payload, NULL);
+    relayed = stream_through(&p, &r, msgs, size, payload, &copies);
+    relayed += stream_through(&p, &r, msgs, size, payload, &copies);
+    direct += stream_through(&p, NULL, msgs, size, payload, NULL);
+    printf("relay_%s_direct_ns_per_msg %.1f\n", name, direct / 2);
+    printf("relay_%s_relayed_ns_per_msg %.1f\n", name, relayed / 2);
+    printf("relay_%s_added_ns_per_msg %.1f\n", name, (relayed - direct) / 2);
+    printf("relay_%s_copies_per_byte %.2f\n", name, copies);
+}
+
 int main(int argc, char **argv)
 {
     uint64_t msgs = 200000, stream_mib = 256, size = 8;
@@ -494,6 +582,10 @@ int main(int argc, char **argv)
                (double) frames_sent(&p) / (double) (2 * rounds));
         pair_close(&p);
     }
+
+    /* Through a relay: 8 B messages, and 64 KiB ones (several frames). */
+    relay_cost(msgs, size, payload, "small");
+    relay_cost(msgs / 64 ? msgs / 64 : 1, 65536, payload, "64k");
 
     /* Streaming 1 MiB messages: acks per MiB, wire bytes, copies, and the CPU
      * per MiB of both ends against one memcpy of a MiB on this core (the
