@@ -47,6 +47,7 @@
 /* ---- the job's table ----------------------------------------------------- */
 
 static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev);
+static eng_peer_t *neighbour(tb_engine_t *e, unsigned h, unsigned dev);
 
 /* Each pair's route walked once (at most 64 x 64 routes of at most 64 hops),
  * when the table comes: where it reaches this engine from (arrive_from,
@@ -191,6 +192,16 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     t = NULL;
     index_routes(e);
     log_routes(e);
+    /* Every cable's far engine, dialled now: when a cable fails, the way
+     * round it is then ready (set up only then, it took seconds on a busy
+     * host, with the traffic standing still), and so is the restored cable's
+     * dialing (its address).  One channel per cable, which the job's own
+     * traffic would mostly open anyway. */
+    for (unsigned dev = 0; dev < e->ndev; ++dev) {
+        if (TB_TOPO_NONE != e->topo->peer[e->me][dev]) {
+            (void) neighbour(e, e->topo->peer[e->me][dev], dev);
+        }
+    }
     /* What was relayed to this engine before it knew the routes, in order. */
     while ((m = tb_eng_msg_pop(&e->early_head, &e->early_tail))) {
         e->early_bytes -= ENG_MSG_COST(m->len);

@@ -1065,24 +1065,21 @@ static int ehost_cmp(const void *a, const void *b)
  * device 1 to peer 2's device 0 (10.0.2.0/30), peer 1's device 1 to peer 2's
  * device 1 (10.0.3.0/30); *b and *c the peers over devices 0 and 1, and in
  * hb, hc and *me the hosts' indices. */
-static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t *t,
-                     unsigned *hb, unsigned *hc)
+/* The triangle's table given to the engine, peers 1 and 2 being the engines
+ * idb and idc; t, *hb and *hc as triangle's. */
+static void triangle_table(eng_harness_t *h, const uint8_t *idb, const uint8_t *idc, tb_topo_t *t,
+                           unsigned *hb, unsigned *hc)
 {
     static const uint32_t addr[6] = {0x0a000101, 0x0a000201, 0x0a000102,
                                      0x0a000301, 0x0a000202, 0x0a000302};
     static const uint8_t dev[6] = {0, 1, 0, 1, 0, 1};
     tb_wire_ehost_t table[6];
-    tb_engine_t *e;
+    tb_engine_t *e = h->e;
     const char *why = NULL;
 
-    (void) setup(h);
-    e = h->e;
-    eh_second_device(h);
-    *b = eh_peer_on(h, 1, 0);
-    *c = eh_peer_on(h, 2, 1);
     memset(table, 0, sizeof(table));
     for (unsigned i = 0; i < 6; ++i) {
-        const uint8_t *id = i < 2 ? e->id : i < 4 ? (*b)->id : (*c)->id;
+        const uint8_t *id = i < 2 ? e->id : i < 4 ? idb : idc;
         memcpy(table[i].engine_id, id, sizeof(table[i].engine_id));
         table[i].ipv4 = htonl(addr[i]);
         table[i].netmask = htonl(0xfffffffcu);
@@ -1097,9 +1094,43 @@ static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t
     ck_assert_int_eq(tb_eng_topo_set(e, table, sizeof(table)), 0);
     ck_assert_ptr_nonnull(e->topo);
     ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
-    *hb = (unsigned) tb_topo_find(t, (*b)->id);
-    *hc = (unsigned) tb_topo_find(t, (*c)->id);
+    *hb = (unsigned) tb_topo_find(t, idb);
+    *hc = (unsigned) tb_topo_find(t, idc);
 }
+
+static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t *t,
+                     unsigned *hb, unsigned *hc)
+{
+    (void) setup(h);
+    eh_second_device(h);
+    *b = eh_peer_on(h, 1, 0);
+    *c = eh_peer_on(h, 2, 1);
+    triangle_table(h, (*b)->id, (*c)->id, t, hb, hc);
+}
+
+/* Every cable's far engine is dialled once the table comes, whether or not
+ * a rank named it: a way round a cable that fails is then ready (set up
+ * only then, it kept traffic standing still for seconds on a busy host). */
+START_TEST(neighbours_dialled)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *other, *c;
+    tb_topo_t t;
+    unsigned hb, hc;
+
+    (void) setup(&h);
+    eh_second_device(&h);
+    b = eh_peer_on(&h, 1, 0);
+    other = eh_peer_on(&h, 2, 0); /* peer 2's identity, over a cable that is not its */
+    ck_assert_ptr_null(tb_eng_peer_for(h.e, 1, other->id, false));
+    triangle_table(&h, b->id, other->id, &t, &hb, &hc);
+    c = tb_eng_peer_for(h.e, 1, other->id, false);
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->known);
+    ck_assert_uint_eq(c->ipv4, htonl(0x0a000202));
+    eh_fini(&h);
+}
+END_TEST
 
 /* A message of flow `flow` (0: none) from host src to host dst, numbered
  * seq, as neighbour n passes it on: DATA for rank 1 (one byte), or BACK. */
@@ -1370,6 +1401,7 @@ int main(void)
     tcase_add_test(tc, detour_forwarded);
     tcase_add_test(tc, detour_taken);
     tcase_add_test(tc, back_moves_flow);
+    tcase_add_test(tc, neighbours_dialled);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
