@@ -202,7 +202,9 @@ enum {
     /* A failed cable that works again (daemon/tb_engine_back.c).  BACK: the
      * last message of the flow that goes round the cable; what follows comes
      * over it, once the far end answers BACK_OK (not numbered, over the
-     * cable's new channel, seq naming the BACK it answers).  Header only. */
+     * cable's new channel, seq naming the BACK it answers).  Header only;
+     * src and dst: the new channel's two epochs xor'd (tb_wire_addr_t's, the
+     * same at both ends), low half in src: which try of the cable it is. */
     TB_ETAG_BACK = 6,
     TB_ETAG_BACK_OK = 7,
 };

@@ -30,8 +30,7 @@ int tb_emsg_parse(uint8_t tag, const void *data, size_t len, tb_wire_emsg_t *h, 
         break;
     case TB_ETAG_BACK:
     case TB_ETAG_BACK_OK:
-        if (len != sizeof(*h) || 0 != h->src || 0 != h->dst || 0 != h->tag || 0 != h->src_pid
-            || 0 != h->dst_pid) {
+        if (len != sizeof(*h) || 0 != h->tag || 0 != h->src_pid || 0 != h->dst_pid) {
             *why = "a message that a cable is back with more than its number";
             return -1;
         }

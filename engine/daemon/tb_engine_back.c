@@ -17,6 +17,8 @@
  * comes round is held as for a sound cable.  A new channel that fails
  * before its flow moved onto it is dropped, the flow goes on round, and the
  * cable is tried again; one that fails after is a failed cable again.
+ * BACK and BACK_OK name their try (the new channel's two epochs), so that
+ * a BACK of a try that failed, come round late, moves nothing.
  */
 #include "tb_engine_int.h"
 
@@ -37,7 +39,30 @@ static const char *cable_name(const eng_peer_t *p)
 
 static void back_reset(eng_peer_t *p)
 {
-    p->back = p->back_up = p->back_sent = p->back_rx = p->back_ok_due = false;
+    p->back = p->back_up = p->back_sent = p->back_came = p->back_rx = p->back_ok_due = false;
+}
+
+/* The far end's latest BACK, once this end's channel is up: this try's
+ * (its flow comes over the cable now: answered), or an earlier one's. */
+static void back_match(eng_peer_t *p)
+{
+    if (p->back_came && p->back_up) {
+        p->back_came = false;
+        if (p->back_came_id == p->back_id) {
+            p->back_rx = p->back_ok_due = true;
+        }
+    }
+}
+
+uint64_t tb_eng_back_id_of(const tb_wire_emsg_t *h)
+{
+    return (uint64_t) tb_wire_le32(h->src) | (uint64_t) tb_wire_le32(h->dst) << 32;
+}
+
+static void back_id_put(tb_wire_emsg_t *h, uint64_t id)
+{
+    h->src = tb_wire_le32((uint32_t) id);
+    h->dst = tb_wire_le32((uint32_t) (id >> 32));
 }
 
 void tb_eng_back_arm(eng_peer_t *p, uint64_t now)
@@ -98,13 +123,18 @@ bool tb_eng_back_accept(eng_peer_t *p)
 bool tb_eng_back_setup_done(eng_peer_t *p, int status, const tb_wire_addr_t *peer,
                             const char *why)
 {
+    tb_wire_addr_t local;
+
     if (!p->back || p->back_up) {
         return false;
     }
-    if (TB_CM_OK == status && ENG_PEER_CONNECTED == p->state && p->conn
+    if (TB_CM_OK == status && ENG_PEER_CONNECTED == p->state && p->conn && !p->destroy
         && (!p->known || 0 == memcmp(peer->gid, p->gid, sizeof(p->gid)))
         && TB_CHAN_OK == tb_conn_connect(p->conn, peer, tb_now_ns())) {
+        tb_conn_local_addr(p->conn, &local);
+        p->back_id = tb_wire_le64(local.epoch) ^ tb_wire_le64(peer->epoch);
         p->back_up = true;
+        back_match(p);
         TB_INFO("the cable %s (%s) to engine %02x%02x%02x%02x works again: its traffic moves "
                 "back onto it", cable_name(p), p->e->devs[p->dev].dev->netdev, p->id[0],
                 p->id[1], p->id[2], p->id[3]);
@@ -116,15 +146,14 @@ bool tb_eng_back_setup_done(eng_peer_t *p, int status, const tb_wire_addr_t *pee
                 (unsigned long long) (ENG_BACK_EVERY_NS / 1000000u));
     }
     back_reset(p);
-    if (p->conn) {
-        tb_eng_peer_drop_conn(p);
-    }
+    /* Dropped outside the connection manager's callback, once. */
+    p->destroy = NULL != p->conn;
     return true;
 }
 
-bool tb_eng_back_failed(eng_peer_t *p, const char *why)
+bool tb_eng_back_failed(eng_peer_t *p, int status, const char *why)
 {
-    if (!p->back || NULL == p->via) {
+    if (!p->back || NULL == p->via || TB_CHAN_ECLOSED == status) {
         return false;
     }
     TB_WARN("the cable %s failed again before its traffic moved back onto it (%s): it goes on "
@@ -146,6 +175,7 @@ static int send_back(eng_peer_t *p)
         return 0;
     }
     memset(&h, 0, sizeof(h));
+    back_id_put(&h, p->back_id);
     tb_eng_seq_put(p, &h);
     slot = tb_eng_peer_send_begin(p, ch, TB_ETAG_BACK, sizeof(h));
     if (NULL == slot) {
@@ -167,6 +197,7 @@ static int send_back_ok(eng_peer_t *p)
     void *slot;
 
     memset(&h, 0, sizeof(h));
+    back_id_put(&h, p->back_id);
     h.seq = tb_wire_le32(p->back_ok_seq);
     slot = tb_channel_send_begin(ch, TB_ETAG_BACK_OK, sizeof(h));
     if (NULL == slot) {
@@ -178,6 +209,14 @@ static int send_back_ok(eng_peer_t *p)
     return 1;
 }
 
+/* The new channel is up, and was not failed meanwhile (a send can fail it
+ * at once, inside the callbacks that drop it or send the flow round). */
+static bool back_standing(const eng_peer_t *p)
+{
+    return p->back && p->back_up && ENG_PEER_CONNECTED == p->state && NULL != p->conn
+           && !p->destroy;
+}
+
 int tb_eng_back_progress(eng_peer_t *p, uint64_t now)
 {
     int n = 0;
@@ -186,13 +225,18 @@ int tb_eng_back_progress(eng_peer_t *p, uint64_t now)
         dial(p, now);
         return 1;
     }
-    if (!p->back || !p->back_up || ENG_PEER_CONNECTED != p->state || NULL == p->conn) {
+    if (!back_standing(p)) {
         return 0;
     }
     if (p->back_ok_due) {
         n += send_back_ok(p);
+        if (!back_standing(p)) {
+            return n;
+        }
     }
-    if (p->via && !p->back_sent) {
+    /* Once frames from the far end showed its end of the channel is up: a
+     * channel only one end set up would hold the flow till it timed out. */
+    if (p->via && !p->back_sent && tb_channel_is_connected(tb_conn_channel(p->conn))) {
         n += send_back(p);
     }
     if (NULL == p->via && p->back_rx && !p->back_ok_due) {
@@ -205,16 +249,20 @@ int tb_eng_back_progress(eng_peer_t *p, uint64_t now)
     return n;
 }
 
-void tb_eng_back_came(eng_peer_t *p, uint32_t seq)
+void tb_eng_back_came(eng_peer_t *p, uint64_t id, uint32_t seq)
 {
-    p->back_rx = true;
+    /* Matched with this end's try once its channel is up (the far end may
+     * have set it up first). */
+    p->back_came = true;
+    p->back_came_id = id;
     p->back_ok_seq = seq;
-    p->back_ok_due = true;
+    back_match(p);
 }
 
-void tb_eng_back_ok(eng_peer_t *p, uint32_t seq)
+void tb_eng_back_ok(eng_peer_t *p, uint64_t id, uint32_t seq)
 {
-    if (!p->back || !p->back_sent || seq != p->back_seq) {
+    if (!p->back || !p->back_up || !p->back_sent || ENG_PEER_CONNECTED != p->state
+        || id != p->back_id || seq != p->back_seq) {
         return; /* the answer to an earlier try's BACK */
     }
     p->via = NULL;

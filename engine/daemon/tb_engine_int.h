@@ -304,14 +304,17 @@ struct eng_peer {
     uint64_t round_cost;
     /* Its failed cable coming back (tb_engine_back.c): back_at, when this
      * end dials it again (0: the other end dials); back, a new channel over
-     * it (conn) while the flow goes round; back_up, that channel set up;
-     * back_seq, the number of the BACK sent round, once sent (back_sent:
-     * the flow waits for BACK_OK); back_rx, the far end's BACK came (its
-     * flow comes over the cable now), and back_ok_seq its number, owed a
+     * it (conn) while the flow goes round; back_up, that channel set up,
+     * back_id its try (the two ends' epochs xor'd); back_seq, the number of
+     * the BACK sent round, once sent (back_sent: the flow waits for
+     * BACK_OK); back_came, the far end's latest BACK (back_came_id, number
+     * back_ok_seq), not yet matched with this try; back_rx, the far end's
+     * BACK of this try came (its flow comes over the cable now), owed a
      * BACK_OK while back_ok_due. */
     uint64_t back_at;
     unsigned back_tries; /* since it went round: only the first failure is logged */
-    bool back, back_up, back_sent, back_rx, back_ok_due;
+    bool back, back_up, back_sent, back_came, back_rx, back_ok_due;
+    uint64_t back_id, back_came_id;
     uint32_t back_seq, back_ok_seq;
     uint64_t ret[ENG_MAX_RANKS]; /* credit owed for each local rank */
     /* Per local rank: bytes delivered from this peer and not yet credited
@@ -629,13 +632,16 @@ bool tb_eng_back_accept(eng_peer_t *p);
  * taken: set up, or dropped till the next try). */
 bool tb_eng_back_setup_done(eng_peer_t *p, int status, const tb_wire_addr_t *peer,
                             const char *why);
-/* p's channel failed: true when it was a new one its flow had not moved
- * onto (dropped; the flow goes on round), false for the usual failure. */
-bool tb_eng_back_failed(eng_peer_t *p, const char *why);
-/* The far end's BACK numbered seq came (in its flow), or its BACK_OK over
- * the new channel. */
-void tb_eng_back_came(eng_peer_t *p, uint32_t seq);
-void tb_eng_back_ok(eng_peer_t *p, uint32_t seq);
+/* p's channel failed (status): true when it was a new one its flow had not
+ * moved onto and the far engine did not close it (dropped; the flow goes on
+ * round), false for the usual failure. */
+bool tb_eng_back_failed(eng_peer_t *p, int status, const char *why);
+/* The far end's BACK numbered seq for try id came (in its flow), or its
+ * BACK_OK over the new channel. */
+void tb_eng_back_came(eng_peer_t *p, uint64_t id, uint32_t seq);
+void tb_eng_back_ok(eng_peer_t *p, uint64_t id, uint32_t seq);
+/* The try of a BACK or BACK_OK header h. */
+uint64_t tb_eng_back_id_of(const tb_wire_emsg_t *h);
 
 /* tb_engine_peer.c: other engines. */
 /* p's channel once set up, or NULL. */

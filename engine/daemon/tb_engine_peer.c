@@ -233,7 +233,8 @@ tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
         /* A routed peer's messages go over its first hop's channel (not if
          * that hop's own cable failed: its channel is another way's).  A
          * flow that sent BACK waits for its cable (tb_engine_back.c). */
-        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via && !p->back_sent
+        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via
+                           && !(p->back && p->back_sent)
                    ? tb_eng_peer_channel(p->via)
                    : NULL;
     }
@@ -604,7 +605,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
     }
     if (TB_ETAG_BACK_OK == tag) {
         /* Not in the flow: an answer over the cable's new channel. */
-        tb_eng_back_ok(p, tb_wire_le32(h.seq));
+        tb_eng_back_ok(p, tb_eng_back_id_of(&h), tb_wire_le32(h.seq));
         return;
     }
     /* Its flow's next message, or one it had already (sent again round a
@@ -660,7 +661,7 @@ void tb_eng_peer_recv(eng_peer_t *p, uint8_t tag, const void *data, size_t len)
                          tb_wire_le32(h.src_pid), payload, plen, NULL, 0);
         return;
     case TB_ETAG_BACK:
-        tb_eng_back_came(p, tb_wire_le32(h.seq));
+        tb_eng_back_came(p, tb_eng_back_id_of(&h), tb_wire_le32(h.seq));
         return;
     case TB_ETAG_CREDIT:
         if (NULL != (d = tb_eng_dst_of(p, dst, -1))) {
@@ -760,7 +761,7 @@ static void chan_error(void *ctx, int status, const char *why)
 {
     eng_peer_t *p = ctx;
 
-    if (!tb_eng_back_failed(p, why) && !tb_eng_peer_detour(p, status, why)) {
+    if (!tb_eng_back_failed(p, status, why) && !tb_eng_peer_detour(p, status, why)) {
         tb_eng_peer_fail(p, status, why);
     }
 }

@@ -1133,9 +1133,10 @@ START_TEST(neighbours_dialled)
 END_TEST
 
 /* A message of flow `flow` (0: none) from host src to host dst, numbered
- * seq, as neighbour n passes it on: DATA for rank 1 (one byte), or BACK. */
+ * seq, as neighbour n passes it on: DATA for rank 1 (one byte), or BACK of
+ * try id. */
 static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
-                       unsigned flow, uint8_t tag, uint32_t seq)
+                       unsigned flow, uint8_t tag, uint32_t seq, uint64_t id)
 {
     uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 1];
     tb_wire_erelay_t rh;
@@ -1155,6 +1156,9 @@ static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned
         m.dst = tb_wire_le32(1);
         m.src_pid = tb_wire_le32(EH_PID(7));
         m.dst_pid = tb_wire_le32(EH_PID(1));
+    } else {
+        m.src = tb_wire_le32((uint32_t) id);
+        m.dst = tb_wire_le32((uint32_t) (id >> 32));
     }
     m.seq = tb_wire_le32(seq);
     memcpy(buf, &rh, sizeof(rh));
@@ -1166,15 +1170,17 @@ static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned
 static void detour_from(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
                         unsigned flow, uint32_t seq)
 {
-    detour_msg(n, t, src, dst, flow, TB_ETAG_DATA, seq);
+    detour_msg(n, t, src, dst, flow, TB_ETAG_DATA, seq, 0);
 }
 
-/* BACK_OK for BACK number seq, over p's cable. */
-static void back_ok_from(eng_peer_t *p, uint32_t seq)
+/* BACK_OK for BACK number seq of try id, over p's cable. */
+static void back_ok_from(eng_peer_t *p, uint64_t id, uint32_t seq)
 {
     tb_wire_emsg_t m;
 
     memset(&m, 0, sizeof(m));
+    m.src = tb_wire_le32((uint32_t) id);
+    m.dst = tb_wire_le32((uint32_t) (id >> 32));
     m.seq = tb_wire_le32(seq);
     tb_eng_peer_recv(p, TB_ETAG_BACK_OK, &m, sizeof(m));
 }
@@ -1275,12 +1281,14 @@ START_TEST(detour_taken)
 END_TEST
 
 /* A failed cable that works again: the end with the lower engine id dials
- * it; the far end's BACK, come round in its flow's order, is answered
- * (BACK_OK owed) and what follows it still comes round until this end moves
- * too; BACK_OK for this end's BACK, and only for it, moves the flow back
- * onto the cable.  A new channel that fails first leaves the flow going
- * round.  (What comes round a sound cable is held: the harness's peers have
- * no channel, so that part is the virtual cluster's to show.) */
+ * it; the far end's BACK of this try, come round in its flow's order, is
+ * answered (BACK_OK owed), one of an earlier try is not, and what follows
+ * still comes round until this end moves too; BACK_OK for this end's BACK
+ * of this try, and only for it, moves the flow back onto the cable.  A new
+ * channel that fails first leaves the flow going round, unless the far
+ * engine closed it.  (The harness's peers have no channel: the channel's
+ * own part, and what comes round a sound cable being held, are the virtual
+ * cluster's to show.) */
 START_TEST(back_moves_flow)
 {
     eng_harness_t h;
@@ -1288,6 +1296,7 @@ START_TEST(back_moves_flow)
     tb_topo_t t;
     unsigned hb, hc, recv = 0;
     bool lower;
+    const uint64_t try_id = 0x1122334455667788ull;
 
     triangle(&h, &b, &c, &t, &hb, &hc);
     lower = memcmp(h.e->id, b->id, sizeof(b->id)) < 0;
@@ -1299,29 +1308,34 @@ START_TEST(back_moves_flow)
     ck_assert(!tb_eng_back_accept(b));
     b->destroy = false;
 
-    /* The far end's BACK, in its flow, through the relay. */
+    /* This end's new channel is up (try try_id); the far end's BACK of an
+     * earlier try comes round first, late: it moves nothing. */
+    b->back = b->back_up = true;
+    b->back_id = try_id;
     detour_from(c, &t, hb, h.e->me, 1, 0);
-    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 1);
+    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 1, try_id - 1);
     ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
     ck_assert_uint_eq(b->rx_seq, 2);
-    ck_assert(b->back_rx && b->back_ok_due);
-    ck_assert_uint_eq(b->back_ok_seq, 1);
-    /* A duplicate changes nothing; what follows it still comes round while
-     * this end's own flow goes round (b->via). */
-    b->back_ok_due = false;
-    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 1);
-    ck_assert(!b->back_ok_due);
+    ck_assert(!b->back_rx && !b->back_ok_due);
+    /* What follows it still comes round; then this try's BACK. */
     detour_from(c, &t, hb, h.e->me, 1, 2);
-    ck_assert_uint_eq(b->rx_seq, 3);
+    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 3, try_id);
+    ck_assert_uint_eq(b->rx_seq, 4);
+    ck_assert(b->back_rx && b->back_ok_due);
+    ck_assert_uint_eq(b->back_ok_seq, 3);
+    /* A duplicate changes nothing. */
+    b->back_ok_due = false;
+    detour_msg(c, &t, hb, h.e->me, 1, TB_ETAG_BACK, 3, try_id);
+    ck_assert(!b->back_ok_due);
 
-    /* This end sent BACK number 4: its flow waits for the cable, and only
-     * the BACK_OK naming 4 moves it there. */
-    b->back = b->back_up = b->back_sent = true;
+    /* This end sent BACK number 4: only the BACK_OK naming 4 and this try
+     * moves its flow. */
+    b->back_sent = true;
     b->back_seq = 4;
-    ck_assert_ptr_null(tb_eng_peer_channel(b));
-    back_ok_from(b, 3);
+    back_ok_from(b, try_id, 3);
+    back_ok_from(b, try_id - 1, 4);
     ck_assert_ptr_eq(b->via, c);
-    back_ok_from(b, 4);
+    back_ok_from(b, try_id, 4);
     ck_assert_ptr_null(b->via);
     ck_assert(!b->back_sent);
     ck_assert(!tb_eng_peer_relayed(b));
@@ -1348,12 +1362,14 @@ START_TEST(back_moves_flow)
     eh_fini(&h);
 
     /* A new channel that fails before the flow moved: dropped, the flow
-     * goes on round, the cable is tried again; the usual failure after. */
+     * goes on round, the cable is tried again; closed by the far engine, or
+     * after the flow moved, the usual failure. */
     triangle(&h, &b, &c, &t, &hb, &hc);
     ck_assert(tb_eng_peer_detour(b, TB_CHAN_EPEERDEAD, "test: dark"));
-    ck_assert(!tb_eng_back_failed(b, "test: not trying"));
+    ck_assert(!tb_eng_back_failed(b, TB_CHAN_EPEERDEAD, "test: not trying"));
     b->back = b->back_up = b->back_sent = true;
-    ck_assert(tb_eng_back_failed(b, "test: failed again"));
+    ck_assert(!tb_eng_back_failed(b, TB_CHAN_ECLOSED, "test: the far engine left"));
+    ck_assert(tb_eng_back_failed(b, TB_CHAN_ELINK, "test: failed again"));
     ck_assert_ptr_eq(b->via, c);
     ck_assert(!b->back && !b->back_sent);
     ck_assert(b->destroy);
@@ -1361,7 +1377,7 @@ START_TEST(back_moves_flow)
     b->destroy = false;
     b->via = NULL;
     b->back = true;
-    ck_assert(!tb_eng_back_failed(b, "test: moved already"));
+    ck_assert(!tb_eng_back_failed(b, TB_CHAN_ELINK, "test: moved already"));
     eh_fini(&h);
 }
 END_TEST
