@@ -22,7 +22,6 @@
  */
 #include "tb_engine_int.h"
 
-#include <arpa/inet.h>
 #include <string.h>
 
 #include "tb_log.h"
@@ -89,20 +88,11 @@ static bool back_conn(eng_peer_t *p)
 
 static void dial(eng_peer_t *p, uint64_t now)
 {
-    tb_engine_t *e = p->e;
-    struct in_addr a = {.s_addr = p->ipv4};
-    char ip[INET_ADDRSTRLEN];
-    tb_wire_addr_t local;
-    int rc;
-
     p->back_at = now + ENG_BACK_EVERY_NS;
     if (!back_conn(p)) {
         return;
     }
-    tb_conn_local_addr(p->conn, &local);
-    inet_ntop(AF_INET, &a, ip, sizeof(ip));
-    rc = tb_cm_connect(e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p, now);
-    if (TB_CM_OK != rc) {
+    if (TB_CM_OK != tb_eng_peer_call(p, now)) {
         back_reset(p);
         tb_eng_peer_drop_conn(p);
     }
@@ -167,24 +157,13 @@ bool tb_eng_back_failed(eng_peer_t *p, int status, const char *why)
 /* BACK round the cable, as the flow's next message: 1 once sent. */
 static int send_back(eng_peer_t *p)
 {
-    tb_channel_t *ch = tb_eng_peer_channel(p);
-    tb_wire_emsg_t h;
-    void *slot;
+    uint32_t seq = p->tx_seq;
 
-    if (NULL == ch || NULL != p->resend_head) {
+    if (!tb_eng_send_ctrl(p, TB_ETAG_BACK, (uint32_t) p->back_id, 0,
+                          (uint32_t) (p->back_id >> 32), 0, NULL, false)) {
         return 0;
     }
-    memset(&h, 0, sizeof(h));
-    back_id_put(&h, p->back_id);
-    tb_eng_seq_put(p, &h);
-    slot = tb_eng_peer_send_begin(p, ch, TB_ETAG_BACK, sizeof(h));
-    if (NULL == slot) {
-        return 0;
-    }
-    memcpy(slot, &h, sizeof(h));
-    (void) tb_channel_send_commit(ch);
-    p->back_seq = p->tx_seq;
-    tb_eng_seq_sent(p);
+    p->back_seq = seq;
     p->back_sent = true;
     return 1;
 }

@@ -125,12 +125,21 @@ int tb_eng_devices_progress(tb_engine_t *e, uint64_t now)
 
 /* ---- dialing and accepting ----------------------------------------------- */
 
-void tb_eng_peer_dial(eng_peer_t *p)
+int tb_eng_peer_call(eng_peer_t *p, uint64_t now)
 {
-    tb_engine_t *e = p->e;
     tb_wire_addr_t local;
     char ip[INET_ADDRSTRLEN];
     struct in_addr a = {.s_addr = p->ipv4};
+
+    tb_conn_local_addr(p->conn, &local);
+    inet_ntop(AF_INET, &a, ip, sizeof(ip));
+    return tb_cm_connect(p->e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p,
+                         now);
+}
+
+void tb_eng_peer_dial(eng_peer_t *p)
+{
+    tb_engine_t *e = p->e;
     int rc;
 
     if (ENG_PEER_IDLE != p->state || !p->known) {
@@ -145,10 +154,7 @@ void tb_eng_peer_dial(eng_peer_t *p)
     if (0 != tb_eng_peer_make_conn(p)) {
         return;
     }
-    tb_conn_local_addr(p->conn, &local);
-    inet_ntop(AF_INET, &a, ip, sizeof(ip));
-    rc = tb_cm_connect(e->devs[p->dev].cm, ip, p->port, p->id, sizeof(p->id), &local, p,
-                       tb_now_ns());
+    rc = tb_eng_peer_call(p, tb_now_ns());
     if (TB_CM_OK != rc) {
         tb_eng_peer_fail(p, TB_CHAN_ELINK, tb_cm_strerror(rc));
     }

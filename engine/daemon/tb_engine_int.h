@@ -560,6 +560,9 @@ void tb_eng_cms_close(tb_engine_t *e);
 void tb_eng_devices_close(tb_engine_t *e);
 int tb_eng_devices_progress(tb_engine_t *e, uint64_t now);
 void tb_eng_peer_dial(eng_peer_t *p);
+/* The connection manager's call to p's engine over its cable, for p's
+ * channel (p->conn, made): a TB_CM_* code (its outcome comes to cm_done). */
+int tb_eng_peer_call(eng_peer_t *p, uint64_t now);
 void tb_eng_peers_dial_waiting(tb_engine_t *e);
 /* Whether a Diffie-Hellman for a caller no rank named may run now (one is
  * then counted). */
@@ -644,6 +647,11 @@ void tb_eng_back_ok(eng_peer_t *p, uint64_t id, uint32_t seq);
 uint64_t tb_eng_back_id_of(const tb_wire_emsg_t *h);
 
 /* tb_engine_peer.c: other engines. */
+/* A control message tag (CREDIT, GONE, BACK) to p, numbered in its flow:
+ * true once queued; with keep, one that cannot go now waits in order (see
+ * the function). */
+bool tb_eng_send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid, uint32_t dst,
+                      uint32_t credit, const char *text, bool keep);
 /* p's channel once set up, or NULL. */
 tb_channel_t *tb_eng_peer_channel(eng_peer_t *p);
 /* The peer engine id over device dev; made (when add is set and the table

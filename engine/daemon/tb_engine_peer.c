@@ -241,12 +241,12 @@ tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
     return p->conn ? tb_conn_channel(p->conn) : NULL;
 }
 
-/* A control message (CREDIT, GONE): true once queued.  With keep, one the
+/* A control message (CREDIT, GONE, BACK): true once queued.  With keep, one the
  * channel has no room for, or that comes before the channel is connected
  * (an idle or connecting peer's ranks must hear of a death too), is not
  * lost: it waits in the peer's notice list (send_notices), and so does any
  * sent while that list is not empty, so notices keep their order. */
-static bool send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid, uint32_t dst,
+bool tb_eng_send_ctrl(eng_peer_t *p, uint8_t tag, uint32_t src, uint32_t src_pid, uint32_t dst,
                       uint32_t credit, const char *text, bool keep)
 {
     tb_channel_t *ch = tb_eng_peer_channel(p);
@@ -526,7 +526,7 @@ static int return_credit(eng_peer_t *p)
             still = true;
             continue;
         }
-        if (send_ctrl(p, TB_ETAG_CREDIT, 0, 0, r->vpid, (uint32_t) p->ret[s], NULL, false)) {
+        if (tb_eng_send_ctrl(p, TB_ETAG_CREDIT, 0, 0, r->vpid, (uint32_t) p->ret[s], NULL, false)) {
             p->delivered[s] -= p->ret[s] < p->delivered[s] ? p->ret[s] : p->delivered[s];
             p->ret[s] = 0;
             ++n;
@@ -795,7 +795,7 @@ void tb_eng_peers_rank_gone(tb_engine_t *e, uint32_t vpid, uint32_t pid, const c
     /* Kept when the channel is full of data: the peer's ranks would wait for
      * the dead one until something else ended the job. */
     for (unsigned i = 0; i < e->npeers; ++i) {
-        (void) send_ctrl(e->peers[i], TB_ETAG_GONE, vpid, pid, 0, 0, why, true);
+        (void) tb_eng_send_ctrl(e->peers[i], TB_ETAG_GONE, vpid, pid, 0, 0, why, true);
     }
 }
 

@@ -86,7 +86,8 @@ static size_t peer_message(fuzz_in_t *in, const eng_peer_t *p, uint8_t *tag_out,
         /* Its flow's next number, now and then one it had already. */
         m.seq = tb_wire_le32(p->rx_seq - (0 == (fuzz_u8(in) & 7)));
         if (TB_ETAG_BACK == tag || TB_ETAG_BACK_OK == tag) {
-            m.src = m.dst = m.src_pid = m.dst_pid = 0;
+            /* src and dst: its try, as they came. */
+            m.src_pid = m.dst_pid = 0;
             m.tag = 0;
             m.flags = 0;
         }
