@@ -261,6 +261,9 @@ void mca_btl_tbrdma_show_help(const char *topic, ...);
 
 /* True when btl names tbrdma and no transport that reaches other hosts. */
 bool mca_btl_tbrdma_only_network(void);
+/* btl_tbrdma_path auto: true if the job takes the host engines
+ * (btl_tbrdma_path.c); every process of the job gets the same answer. */
+bool mca_btl_tbrdma_path_auto_engine(void);
 
 #define BTL_TBRDMA_VERBOSE(level, ...) \
     opal_output_verbose(level, opal_btl_base_framework.framework_output, "btl:tbrdma: " __VA_ARGS__)

@@ -61,6 +61,83 @@ static inline char *tbrdma_compat_hostname(uint32_t vpid)
     return OPAL_SUCCESS == rc ? host : NULL;
 }
 
+/* Publish a uint32 under key in this process's modex entry, and commit it at
+ * once so that other processes may read it before the runtime's own fence
+ * (Open MPI commits first after every BTL's init, so the first commit holds
+ * this key).  OPAL_SUCCESS or an error. */
+static inline int tbrdma_compat_publish_u32(char *key, uint32_t value)
+{
+    int rc;
+
+#if BTL_VERSION == 310
+    OPAL_MODEX_SEND_VALUE(rc, OPAL_PMIX_GLOBAL, key, &value, OPAL_UINT32);
+    if (OPAL_SUCCESS == rc) {
+        rc = opal_pmix.commit();
+    }
+    return rc;
+#else
+    OPAL_MODEX_SEND_VALUE(rc, PMIX_GLOBAL, key, &value, PMIX_UINT32);
+    if (PMIX_SUCCESS == rc) {
+        rc = PMIx_Commit();
+    }
+    return PMIX_SUCCESS == rc ? OPAL_SUCCESS : OPAL_ERROR;
+#endif
+}
+
+/* The uint32 process vpid of this job published under key, waiting until it
+ * does (the runtime asks that process's host for it) or timeout_s seconds
+ * pass.  OPAL_SUCCESS with *value, or an error. */
+static inline int tbrdma_compat_wait_u32(uint32_t vpid, const char *key, int timeout_s,
+                                         uint32_t *value)
+{
+    opal_process_name_t name = {.jobid = OPAL_PROC_MY_NAME.jobid, .vpid = vpid};
+    int rc;
+
+#if BTL_VERSION == 310
+    opal_value_t *kv = NULL, *timeout = OBJ_NEW(opal_value_t);
+    opal_list_t info;
+
+    OBJ_CONSTRUCT(&info, opal_list_t);
+    if (NULL == timeout) {
+        OBJ_DESTRUCT(&info);
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    timeout->key = strdup(OPAL_PMIX_TIMEOUT);
+    timeout->type = OPAL_INT;
+    timeout->data.integer = timeout_s;
+    opal_list_append(&info, &timeout->super);
+    rc = opal_pmix.get(&name, key, &info, &kv);
+    OPAL_LIST_DESTRUCT(&info);
+    if (OPAL_SUCCESS == rc && NULL == kv) {
+        rc = OPAL_ERR_NOT_FOUND;
+    } else if (OPAL_SUCCESS == rc) {
+        rc = OPAL_UINT32 == kv->type ? OPAL_SUCCESS : OPAL_ERR_TYPE_MISMATCH;
+        *value = kv->data.uint32;
+        OBJ_RELEASE(kv);
+    }
+    return rc;
+#else
+    pmix_value_t *val = NULL;
+    pmix_info_t info;
+    pmix_proc_t proc;
+
+    OPAL_PMIX_CONVERT_NAME(&proc, &name);
+    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &timeout_s, PMIX_INT);
+    rc = PMIx_Get(&proc, key, &info, 1, &val);
+    PMIX_INFO_DESTRUCT(&info);
+    if (PMIX_SUCCESS != rc || NULL == val) {
+        rc = OPAL_ERR_NOT_FOUND;
+    } else {
+        rc = PMIX_UINT32 == val->type ? OPAL_SUCCESS : OPAL_ERR_TYPE_MISMATCH;
+        *value = val->data.uint32;
+    }
+    if (val) {
+        PMIX_VALUE_RELEASE(val);
+    }
+    return rc;
+#endif
+}
+
 /* Hand a received message to the callback registered for its tag: 4.1
  * passes a descriptor, 5.0 a receive descriptor naming the endpoint. */
 static inline void tbrdma_compat_deliver(mca_btl_base_module_t *btl,

@@ -162,7 +162,9 @@ static int tbrdma_component_register(void)
             "pair of processes, which fits Apple's 10 queue pairs per device only with one or "
             "two processes per host), \"engine\" (one engine process per host and job owns the "
             "devices; the host's processes reach it through shared memory), or \"auto\" (the "
-            "engine when more than two processes of the job share a host)",
+            "engine when more than two processes of the job share a host, the job spans more "
+            "than two hosts, or both of its two hosts have two cables or more; one answer for "
+            "the whole job)",
             MCA_BASE_VAR_TYPE_INT, path_enum, 0, 0, OPAL_INFO_LVL_3, MCA_BASE_VAR_SCOPE_READONLY,
             &c->path_param);
         OBJ_RELEASE(path_enum);
@@ -573,67 +575,6 @@ bool mca_btl_tbrdma_only_network(void)
     return named && !others;
 }
 
-static int compare_strings(const void *a, const void *b)
-{
-    return strcmp(*(char *const *) a, *(char *const *) b);
-}
-
-/* The job's shape from the launcher's map, which every process reads alike:
- * how many hosts, and the most processes on one.  False if the runtime does
- * not say. */
-static bool job_shape(int *nhosts, int *most)
-{
-    uint32_t size = tbrdma_compat_job_size();
-    char **hosts;
-    bool known = true;
-    int run = 0;
-
-    *nhosts = *most = 0;
-    if (0 == size || size > (1u << 20) || NULL == (hosts = calloc(size, sizeof(*hosts)))) {
-        return false;
-    }
-    for (uint32_t v = 0; v < size; ++v) {
-        hosts[v] = tbrdma_compat_hostname(v);
-        if (NULL == hosts[v]) {
-            size = v;
-            known = false;
-            break;
-        }
-    }
-    if (known) {
-        qsort(hosts, size, sizeof(*hosts), compare_strings);
-        for (uint32_t v = 0; v < size; ++v) {
-            bool same = v > 0 && 0 == strcmp(hosts[v], hosts[v - 1]);
-            run = same ? run + 1 : 1;
-            *nhosts += !same;
-            *most = run > *most ? run : *most;
-        }
-    }
-    for (uint32_t v = 0; v < size; ++v) {
-        free(hosts[v]);
-    }
-    free(hosts);
-    return known && *nhosts > 0;
-}
-
-/* btl_tbrdma_path auto: one answer for the whole job, so that no pair of
- * processes ends with one on each path, from what every process knows before
- * the modex: the hosts and their process counts.  The direct path needs every
- * host's processes within its cables' queue-pair budget (two per host), and a
- * cable to every other host: with three hosts or more the cabling may be a
- * ring or a line, which only the engines' relaying reaches.  Anything else, or
- * a runtime that does not say, takes the engines. */
-static bool auto_uses_engine(void)
-{
-    int hosts, most;
-    bool direct = job_shape(&hosts, &most) && most <= 2 && hosts <= 2;
-
-    BTL_TBRDMA_VERBOSE(10, "path auto: %s (%d hosts, at most %d processes on one; the direct "
-                       "path takes at most 2 of each)",
-                       direct ? "direct" : "host engines", hosts, most);
-    return !direct;
-}
-
 /* Host-wide conditions are reported once per host, by its first process:
  * one message is clearer than one per rank, and Open MPI 4.x can lose help
  * messages that many ranks send at once (open-mpi/ompi#8356). */
@@ -703,7 +644,7 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
         return NULL;
     }
     c->use_engine = TBRDMA_PATH_ENGINE == c->path_param
-                    || (TBRDMA_PATH_AUTO == c->path_param && auto_uses_engine());
+                    || (TBRDMA_PATH_AUTO == c->path_param && mca_btl_tbrdma_path_auto_engine());
     if (c->use_engine) {
         int rc = mca_btl_tbrdma_engine_start(err, sizeof(err));
         if (TB_ECLIENT_NODEV == rc) {
