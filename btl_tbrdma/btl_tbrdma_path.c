@@ -145,9 +145,11 @@ bool mca_btl_tbrdma_path_auto_engine(void)
         why = "one host";
         engine = false;
     } else {
-        mine = usable_cables();
-        if (OPAL_SUCCESS != tbrdma_compat_publish_u32(CABLES_KEY, mine)) {
-            BTL_TBRDMA_VERBOSE(10, "path auto: cannot publish this host's cable count");
+        if (shape.first[0] == OPAL_PROC_MY_NAME.vpid) {
+            mine = usable_cables();
+            if (OPAL_SUCCESS != tbrdma_compat_publish_u32(CABLES_KEY, mine)) {
+                BTL_TBRDMA_VERBOSE(10, "path auto: cannot publish this host's cable count");
+            }
         }
         /* Decided on the first process's counts of both hosts, which every
          * process of the job reads alike. */
