@@ -264,6 +264,9 @@ bool mca_btl_tbrdma_only_network(void);
 /* btl_tbrdma_path auto: true if the job takes the host engines
  * (btl_tbrdma_path.c); every process of the job gets the same answer. */
 bool mca_btl_tbrdma_path_auto_engine(void);
+/* btl_tbrdma_path auto, for a process that will not run tbrdma: if it is its
+ * host's first, it says its host has no cable, so that nobody waits for it. */
+void mca_btl_tbrdma_path_auto_none(void);
 
 #define BTL_TBRDMA_VERBOSE(level, ...) \
     opal_output_verbose(level, opal_btl_base_framework.framework_output, "btl:tbrdma: " __VA_ARGS__)

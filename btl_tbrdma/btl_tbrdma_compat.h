@@ -98,11 +98,13 @@ static inline int tbrdma_compat_wait_u32(uint32_t vpid, const char *key, int tim
     opal_list_t info;
 
     OBJ_CONSTRUCT(&info, opal_list_t);
-    if (NULL == timeout) {
+    if (NULL == timeout || NULL == (timeout->key = strdup(OPAL_PMIX_TIMEOUT))) {
+        if (timeout) {
+            OBJ_RELEASE(timeout);
+        }
         OBJ_DESTRUCT(&info);
         return OPAL_ERR_OUT_OF_RESOURCE;
     }
-    timeout->key = strdup(OPAL_PMIX_TIMEOUT);
     timeout->type = OPAL_INT;
     timeout->data.integer = timeout_s;
     opal_list_append(&info, &timeout->super);
@@ -112,7 +114,9 @@ static inline int tbrdma_compat_wait_u32(uint32_t vpid, const char *key, int tim
         rc = OPAL_ERR_NOT_FOUND;
     } else if (OPAL_SUCCESS == rc) {
         rc = OPAL_UINT32 == kv->type ? OPAL_SUCCESS : OPAL_ERR_TYPE_MISMATCH;
-        *value = kv->data.uint32;
+        if (OPAL_SUCCESS == rc) {
+            *value = kv->data.uint32;
+        }
         OBJ_RELEASE(kv);
     }
     return rc;
@@ -125,10 +129,14 @@ static inline int tbrdma_compat_wait_u32(uint32_t vpid, const char *key, int tim
     PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &timeout_s, PMIX_INT);
     rc = PMIx_Get(&proc, key, &info, 1, &val);
     PMIX_INFO_DESTRUCT(&info);
-    if (PMIX_SUCCESS != rc || NULL == val) {
+    if (PMIX_SUCCESS != rc) {
+        rc = opal_pmix_convert_status(rc);
+    } else if (NULL == val) {
         rc = OPAL_ERR_NOT_FOUND;
+    } else if (PMIX_UINT32 != val->type) {
+        rc = OPAL_ERR_TYPE_MISMATCH;
     } else {
-        rc = PMIX_UINT32 == val->type ? OPAL_SUCCESS : OPAL_ERR_TYPE_MISMATCH;
+        rc = OPAL_SUCCESS;
         *value = val->data.uint32;
     }
     if (val) {

@@ -638,6 +638,9 @@ static mca_btl_base_module_t **tbrdma_component_init(int *num_btls, bool enable_
 
     *num_btls = 0;
     if (0 != load_tunables(err, sizeof(err))) {
+        if (TBRDMA_PATH_AUTO == c->path_param) {
+            mca_btl_tbrdma_path_auto_none();
+        }
         if (reports_for_host()) {
             mca_btl_tbrdma_show_help("invalid parameter", opal_process_info.nodename, err);
         }

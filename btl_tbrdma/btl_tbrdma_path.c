@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "opal/util/error.h"
+#include "opal/util/output.h"
 #include "opal/util/proc.h"
 
 #define CABLES_KEY "tbrdma.cables"
@@ -106,7 +108,7 @@ static uint32_t usable_cables(void)
 }
 
 /* The cables of the host whose first process is vpid: this process's own
- * count, or that process's as published.  False if it never said. */
+ * count, or that process's as published.  False if it did not say. */
 static bool cables_of(uint32_t vpid, uint32_t mine, uint32_t *cables)
 {
     int rc;
@@ -117,21 +119,56 @@ static bool cables_of(uint32_t vpid, uint32_t mine, uint32_t *cables)
     }
     rc = tbrdma_compat_wait_u32(vpid, CABLES_KEY, CABLES_WAIT_S, cables);
     if (OPAL_SUCCESS != rc) {
-        BTL_TBRDMA_VERBOSE(10,
-                           "path auto: process %u did not say how many cables its host has "
-                           "(%d)",
-                           (unsigned) vpid, rc);
+        /* Said once per host: every process of this host reads the same. */
+        if (opal_process_info.my_local_rank <= 0) {
+            opal_output(0,
+                        "btl:tbrdma on %s: process %u, the first of its host, did not say "
+                        "within %d s how many cables its host has (%s); btl_tbrdma_path auto "
+                        "takes the direct path.  If that host runs tbrdma, set btl_tbrdma_path "
+                        "to direct or engine on every host",
+                        opal_process_info.nodename, (unsigned) vpid, CABLES_WAIT_S,
+                        opal_strerror(rc));
+        }
         return false;
     }
     return true;
 }
 
+/* With two hosts of at most two processes each, each host's first process
+ * publishes its host's count (0: none, also when it cannot count), which its
+ * host's processes and the other host's read.  Returns what it published. */
+static uint32_t publish_cables(const job_shape_t *shape, bool count)
+{
+    uint32_t mine;
+
+    if (2 != shape->nhosts || shape->most > 2 || shape->first[0] != OPAL_PROC_MY_NAME.vpid) {
+        return 0;
+    }
+    mine = count ? usable_cables() : 0;
+    if (OPAL_SUCCESS != tbrdma_compat_publish_u32(CABLES_KEY, mine)) {
+        /* The others read nothing and take the direct path: so does this one. */
+        BTL_TBRDMA_VERBOSE(10, "path auto: cannot publish this host's cable count");
+        return 0;
+    }
+    return mine;
+}
+
+void mca_btl_tbrdma_path_auto_none(void)
+{
+    job_shape_t shape;
+
+    if (job_shape(&shape)) {
+        (void) publish_cables(&shape, false);
+    }
+}
+
 bool mca_btl_tbrdma_path_auto_engine(void)
 {
-    uint32_t mine = 0, here = 0, there = 0;
+    uint32_t mine, here = 0, there = 0;
+    bool engine, read_here = false, read_there = false;
+    char counts[64] = "";
     job_shape_t shape;
     const char *why;
-    bool engine;
 
     if (!job_shape(&shape)) {
         why = "the runtime does not say where the processes run";
@@ -145,29 +182,27 @@ bool mca_btl_tbrdma_path_auto_engine(void)
         why = "one host";
         engine = false;
     } else {
-        if (shape.first[0] == OPAL_PROC_MY_NAME.vpid) {
-            mine = usable_cables();
-            if (OPAL_SUCCESS != tbrdma_compat_publish_u32(CABLES_KEY, mine)) {
-                BTL_TBRDMA_VERBOSE(10, "path auto: cannot publish this host's cable count");
-            }
-        }
+        mine = publish_cables(&shape, true);
         /* Decided on the first process's counts of both hosts, which every
          * process of the job reads alike. */
-        if (!cables_of(shape.first[0], mine, &here) || here < 2) {
+        read_here = cables_of(shape.first[0], mine, &here);
+        read_there = read_here && here >= 2 && cables_of(shape.first[1], mine, &there);
+        engine = read_there && there >= 2;
+        if (!read_here) {
+            why = "this host's first process did not say how many cables it has";
+        } else if (here < 2) {
             why = "one cable on this host at most: no second path to the other";
-            engine = false;
-        } else if (!cables_of(shape.first[1], mine, &there) || there < 2) {
+        } else if (!read_there) {
+            why = "the other host's first process did not say how many cables it has";
+        } else if (there < 2) {
             why = "one cable on the other host at most: no second path to it";
-            engine = false;
         } else {
             why = "2 cables or more on each host: a second path the host engines fail over to";
-            engine = true;
         }
+        snprintf(counts, sizeof(counts), ", cables: %s%u, %s%u", read_here ? "" : "unknown ",
+                 (unsigned) here, read_there ? "" : "unknown ", (unsigned) there);
     }
-    BTL_TBRDMA_VERBOSE(10,
-                       "path auto: %s (%d hosts, at most %d processes on one, %u and %u "
-                       "cables; %s)",
-                       engine ? "host engines" : "direct", shape.nhosts, shape.most,
-                       (unsigned) here, (unsigned) there, why);
+    BTL_TBRDMA_VERBOSE(10, "path auto: %s (%d hosts, at most %d processes on one%s; %s)",
+                       engine ? "host engines" : "direct", shape.nhosts, shape.most, counts, why);
     return engine;
 }
