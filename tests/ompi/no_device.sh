@@ -9,12 +9,27 @@
 fake="$TB_BUILDDIR/tests/unit/.libs/libfakeverbs.so"
 
 # run NAME EXPECTED-STATUS(0|nonzero) MCA-ARGS...: output in $scratch/NAME.out
+#
+# Open MPI 4.1's mpirun, which loads no BTL, can itself die of SIGSEGV while
+# a job aborts: its PMIx thread forwards a rank's show_help message
+# (pmix_server_log_fn calling orte_rml.send_buffer_nb off ORTE's event thread)
+# as ORTE tears down.  That crash, and only that one, is run again, twice at
+# most; a rank's crash, or the launcher's every time, still fails.
 run() {
     name=$1 expect=$2
     shift 2
-    timeout 120 "$ompi_bindir/mpirun" --oversubscribe -np 2 "$@" "$scratch/hello" \
-        > "$scratch/$name.out" 2>&1
-    status=$?
+    tries=0
+    while :; do
+        timeout 120 "$ompi_bindir/mpirun" --oversubscribe -np 2 "$@" "$scratch/hello" \
+            > "$scratch/$name.out" 2>&1
+        status=$?
+        tries=$((tries + 1))
+        [ "$status" -eq 139 ] && [ "$tries" -lt 3 ] &&
+            grep -q '(pmix_server_log_fn+' "$scratch/$name.out" &&
+            ! grep -q 'exited on signal\|mca_btl_tbrdma' "$scratch/$name.out" || break
+        echo "note: $name: Open MPI's mpirun crashed in pmix_server_log_fn while the job aborted" \
+             "(its own defect; mpirun loads no BTL): run again"
+    done
     if [ "$status" -eq 124 ]; then
         not_ok "$name: hung (killed after 120 s)"
         return 1
