@@ -26,6 +26,12 @@ static uint64_t stamp_of(const tb_shm_ring_t *r, uint64_t pos)
     return tb_wire_le64((pos + 1) ^ r->nonce);
 }
 
+static void set_cursor(tb_shm_ring_t *r, uint64_t pos)
+{
+    r->cursor = pos;
+    r->expect = stamp_of(r, pos);
+}
+
 bool tb_shm_ring_size_ok(uint64_t size)
 {
     return size >= TB_SHM_RING_MIN && size <= TB_SHM_RING_MAX && 0 == (size & (size - 1));
@@ -58,6 +64,7 @@ void tb_shm_ring_attach(tb_shm_ring_t *r, void *base, uint64_t size, unsigned in
         atomic_store(&r->ctrl->waiting, 0);
     }
     r->nonce = r->ctrl->nonce;
+    set_cursor(r, 0);
 }
 
 void tb_shm_ring_consumer_spins(tb_shm_ring_t *r)
@@ -177,8 +184,7 @@ bool tb_shm_ring_readable(tb_shm_ring_t *r)
     /* seq_cst: after the consumer's store of waiting, this load must not be
      * satisfied early (Dekker with the producer's commit). */
     return !r->broken
-           && atomic_load_explicit(stamp_at(r, r->cursor), memory_order_seq_cst)
-                  == stamp_of(r, r->cursor);
+           && atomic_load_explicit(stamp_at(r, r->cursor), memory_order_seq_cst) == r->expect;
 }
 
 void tb_shm_ring_set_waiting(tb_shm_ring_t *r, bool waiting)
@@ -194,8 +200,7 @@ const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *en
         if (r->broken) {
             return NULL;
         }
-        if (atomic_load_explicit(stamp_at(r, r->cursor), memory_order_acquire)
-            != stamp_of(r, r->cursor)) {
+        if (atomic_load_explicit(stamp_at(r, r->cursor), memory_order_acquire) != r->expect) {
             return NULL;
         }
         off = r->cursor & (r->size - 1);
@@ -211,7 +216,7 @@ const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *en
             r->broken = true;
             return NULL;
         }
-        r->cursor += total;
+        set_cursor(r, r->cursor + total);
         if (TB_EREC_PAD == hdr->type) {
             if (off + total != r->size) {
                 r->broken = true;
@@ -232,7 +237,7 @@ const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *en
 
 void tb_shm_ring_rewind(tb_shm_ring_t *r, uint64_t pos)
 {
-    r->cursor = pos;
+    set_cursor(r, pos);
 }
 
 void tb_shm_ring_release_to(tb_shm_ring_t *r, uint64_t end)

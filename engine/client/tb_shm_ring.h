@@ -58,6 +58,7 @@ typedef struct tb_shm_ring {
     uint64_t size;    /* a power of two */
     uint64_t nonce;   /* read once at attach */
     uint64_t cursor;  /* consumer: the next record to read */
+    uint64_t expect;  /* consumer: the stamp of a complete record at cursor */
     uint64_t head;    /* producer: the head being written */
     uint64_t tail;    /* producer: the last tail seen; consumer: released up to here */
     uint64_t pending; /* producer: bytes reserved and not committed (0: none) */
@@ -104,6 +105,15 @@ bool tb_shm_ring_drained(tb_shm_ring_t *r);
  * at the returned pointer, its end position in *end), or NULL when there is
  * none or the ring is broken (r->broken).  PAD records are skipped. */
 const void *tb_shm_ring_next(tb_shm_ring_t *r, tb_wire_erec_t *hdr, uint64_t *end);
+/* Consumer: something (a record or a PAD) waits at the cursor.  One load of
+ * its stamp, for loops over many rings that are mostly idle; the record is
+ * checked, and ordered, by tb_shm_ring_next. */
+static inline bool tb_shm_ring_ready(const tb_shm_ring_t *r)
+{
+    return atomic_load_explicit((_Atomic uint64_t *) (void *) (r->data + (r->cursor & (r->size - 1))),
+                                memory_order_relaxed)
+           == r->expect;
+}
 /* Consumer: step the cursor back to pos (a record's start) to read it again. */
 void tb_shm_ring_rewind(tb_shm_ring_t *r, uint64_t pos);
 /* Consumer: free everything before end (a position from tb_shm_ring_next). */

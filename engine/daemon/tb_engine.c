@@ -164,6 +164,9 @@ static int ranks_progress(tb_engine_t *e)
         eng_rank_t *r = &e->ranks[i];
         switch (r->state) {
         case ENG_RANK_ATTACHED:
+            if (tb_eng_rank_idle(r)) {
+                break;
+            }
             n += tb_eng_rank_tx_progress(r);
             n += tb_eng_rank_flush_overflow(r);
             n += tb_eng_rank_credit_progress(r);

@@ -479,6 +479,16 @@ static inline uint16_t tb_eng_recv_link(const eng_peer_t *p, const tb_wire_emsg_
     return (uint16_t) (p->idx | (h->flags & TB_EMSG_F_HOST ? TB_ELINK_HOST : 0));
 }
 
+/* An attached rank with nothing for the engine this pass: no record in its
+ * ring, nothing queued toward it or waiting for its reading, its socket
+ * open.  Most of a busy host's ranks are idle in a given pass, and this
+ * costs a load of the ring's next stamp and no call. */
+static inline bool tb_eng_rank_idle(const eng_rank_t *r)
+{
+    return !r->blocked && !tb_shm_ring_ready(&r->tx) && NULL == r->ovf_head && 0 == r->rxq_len
+           && 0 == r->npinned && r->fd >= 0;
+}
+
 /* tb_engine_rank.c: a rank's rings. */
 int tb_eng_rank_tx_progress(eng_rank_t *r);
 int tb_eng_rank_flush_overflow(eng_rank_t *r);

@@ -163,6 +163,42 @@ START_TEST(ring_rewind)
 }
 END_TEST
 
+/* The one-load check of idle rings says what the full check says, at every
+ * record and PAD across wraps, after a rewind, and with a stale lap behind. */
+START_TEST(ring_ready)
+{
+    void *seg = segment();
+    tb_shm_ring_t prod, cons;
+    tb_wire_erec_t h;
+    uint64_t end;
+    uint32_t sent = 0, got = 0;
+
+    tb_shm_ring_attach(&prod, seg, RING, 0, true);
+    tb_shm_ring_attach(&cons, seg, RING, 0, false);
+    ck_assert(!tb_shm_ring_ready(&cons));
+    while (got < 3000) {
+        if (sent < 3000 && sent - got < 4 && put_seq(&prod, sent) >= 0) {
+            sent++;
+            continue;
+        }
+        ck_assert_int_eq(tb_shm_ring_ready(&cons), tb_shm_ring_readable(&cons));
+        ck_assert(tb_shm_ring_ready(&cons));
+        ck_assert(get_seq(&cons, got));
+        got++;
+        ck_assert_int_eq(tb_shm_ring_ready(&cons), got < sent);
+    }
+    ck_assert(put_seq(&prod, sent) >= 0);
+    ck_assert_ptr_nonnull(tb_shm_ring_next(&cons, &h, &end));
+    ck_assert(!tb_shm_ring_ready(&cons));
+    tb_shm_ring_rewind(&cons, end - ((sizeof(h) + h.len + TB_WIRE_EREC_ALIGN - 1)
+                                     & ~(uint64_t) (TB_WIRE_EREC_ALIGN - 1)));
+    ck_assert(tb_shm_ring_ready(&cons));
+    ck_assert(get_seq(&cons, sent));
+    ck_assert(!tb_shm_ring_ready(&cons) && !tb_shm_ring_readable(&cons));
+    segment_free(seg);
+}
+END_TEST
+
 /* What earlier laps left in the ring, records or payloads, is never read as
  * a new record, even payloads full of what a position-only stamp would be. */
 START_TEST(ring_stale_bytes)
@@ -411,6 +447,7 @@ int main(void)
     tcase_add_test(tc, ring_order_and_wrap);
     tcase_add_test(tc, ring_full);
     tcase_add_test(tc, ring_rewind);
+    tcase_add_test(tc, ring_ready);
     tcase_add_test(tc, ring_stale_bytes);
     tcase_add_test(tc, ring_waiting_flag);
     tcase_add_test(tc, ring_consumer_asleep);
