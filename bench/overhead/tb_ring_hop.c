@@ -13,10 +13,12 @@
  * With --ranks K the engine also watches K - 1 idle ranks' rings in each
  * pass, as an engine serving K ranks per host does.
  *
- * Prints "hop_rtt_ns_K <median ns per round trip>" for each K, and
+ * Prints, for each K, "hop_rtt_ns_K <median ns per round trip>",
+ * "line_rtt_ns_K <ns>": the floor, one cache line's round trip between the
+ * same two cores, measured in each batch just before the hops, and
+ * "hop_ratio_K": the median of the batches' ratios of the two.  Also
  * "hop_cpu_ns_per_record <ns>": the rings' own CPU cost per record, written
- * and read on one thread; "line_rtt_ns <ns>": the floor, one cache line's
- * round trip between the same two cores; "hop_wake_rtt_ns <median ns>": a
+ * and read on one thread; "hop_wake_rtt_ns <median ns>": a
  * round trip that finds the engine asleep (it set its ring's waiting flag and
  * blocks in poll() on a pipe, as the engine does on its socket after its
  * spin), so the rank's commit rings a doorbell that wakes it: what the first
@@ -108,8 +110,9 @@ static void *engine_main(void *arg)
             seg_t *s = &b->segs[i];
             tb_wire_erec_t hdr;
             uint64_t end;
-            const void *p = tb_shm_ring_next(&s->eng_rx, &hdr, &end);
-            if (NULL == p) {
+            const void *p;
+            if (!tb_shm_ring_ready(&s->eng_rx)
+                || NULL == (p = tb_shm_ring_next(&s->eng_rx, &hdr, &end))) {
                 continue;
             }
             if (send_record(&s->eng_tx, TB_EREC_RECV, p, hdr.len) < 0) {
@@ -194,16 +197,17 @@ static void *pong_main(void *arg)
     return NULL;
 }
 
-static int line_floor(unsigned long n)
+/* ns per round trip of the line over n round trips, or 0 on failure. */
+static double line_floor(unsigned long n)
 {
     pthread_t th;
-    uint64_t t0;
+    uint64_t t0, t;
 
     atomic_store(&pingpong_line, 0);
     pin(0);
     if (0 != pthread_create(&th, NULL, pong_main, &n)) {
         fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
-        return -1;
+        return 0;
     }
     t0 = clock_ns(CLOCK_MONOTONIC);
     for (unsigned long i = 0; i < n; i++) {
@@ -211,9 +215,9 @@ static int line_floor(unsigned long n)
         while (atomic_load_explicit(&pingpong_line, memory_order_acquire) != 2 * i + 2) {
         }
     }
-    printf("line_rtt_ns %.1f\n", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / (double) n);
+    t = clock_ns(CLOCK_MONOTONIC) - t0;
     pthread_join(th, NULL);
-    return 0;
+    return (double) t / (double) n;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -349,12 +353,54 @@ out:
     return rc;
 }
 
+/* One batch of n round trips through a fresh engine thread: ns per round
+ * trip, or 0 when a ring broke. */
+static double hop_batch(bench_t *b, unsigned long n, uint64_t *payload)
+{
+    pthread_t engine;
+    uint64_t t0, t = 0;
+    bool ok = true;
+
+    atomic_store(&b->stop, 0);
+    pin(0);
+    if (0 != pthread_create(&engine, NULL, engine_main, b)) {
+        fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
+        return 0;
+    }
+    for (unsigned long i = 0; ok && i < n / 10; i++) { /* warm-up */
+        ok = 0 == trip(&b->segs[0], payload);
+    }
+    t0 = clock_ns(CLOCK_MONOTONIC);
+    for (unsigned long i = 0; ok && i < n; i++) {
+        ok = 0 == trip(&b->segs[0], payload);
+    }
+    t = clock_ns(CLOCK_MONOTONIC) - t0;
+    atomic_store(&b->stop, 1);
+    pthread_join(engine, NULL);
+    if (!ok || b->engine_failed) {
+        fprintf(stderr, "tb_ring_hop: a ring broke its rules\n");
+        return 0;
+    }
+    return (double) t / (double) n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return x < y ? -1 : x > y;
+}
+
+/* Each batch measures the floor and then the hops, so that their ratio is
+ * taken at one moment: a virtual machine's two vCPUs may sit on cores that
+ * share a cache or not, and the cost of a line between them changes
+ * several-fold with that from one second to the next. */
 static int run(unsigned nranks, unsigned long trips)
 {
     size_t seglen = tb_shm_ring_segment_size(RING_SIZE);
     bench_t *b = calloc(1, sizeof(*b));
-    uint64_t rtt[BATCHES], payload = 0;
-    pthread_t engine;
+    double hop[BATCHES], line[BATCHES], ratio[BATCHES];
+    uint64_t payload = 0;
+    unsigned long n = trips / BATCHES;
     int rc = -1;
 
     if (NULL == b) {
@@ -376,35 +422,21 @@ static int run(unsigned nranks, unsigned long trips)
         /* As the engine does: a rank never sleeps on its ring. */
         tb_shm_ring_consumer_spins(&s->eng_tx);
     }
-    pin(0);
-    if (0 != pthread_create(&engine, NULL, engine_main, b)) {
-        fprintf(stderr, "tb_ring_hop: pthread_create failed\n");
-        goto out;
-    }
-    for (unsigned long i = 0; i < trips / 10; i++) { /* warm-up */
-        if (0 != trip(&b->segs[0], &payload)) {
-            goto stop;
-        }
-    }
     for (unsigned k = 0; k < BATCHES; k++) {
-        uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
-        for (unsigned long i = 0; i < trips / BATCHES; i++) {
-            if (0 != trip(&b->segs[0], &payload)) {
-                goto stop;
-            }
+        line[k] = line_floor(n);
+        hop[k] = hop_batch(b, n, &payload);
+        if (0 == line[k] || 0 == hop[k]) {
+            goto out;
         }
-        rtt[k] = (clock_ns(CLOCK_MONOTONIC) - t0) / (trips / BATCHES);
+        ratio[k] = hop[k] / line[k];
     }
-    qsort(rtt, BATCHES, sizeof(rtt[0]), cmp_u64);
-    printf("hop_rtt_ns_%u %" PRIu64 "\n", nranks, rtt[BATCHES / 2]);
+    qsort(hop, BATCHES, sizeof(hop[0]), cmp_double);
+    qsort(line, BATCHES, sizeof(line[0]), cmp_double);
+    qsort(ratio, BATCHES, sizeof(ratio[0]), cmp_double);
+    printf("hop_rtt_ns_%u %.1f\n", nranks, hop[BATCHES / 2]);
+    printf("line_rtt_ns_%u %.1f\n", nranks, line[BATCHES / 2]);
+    printf("hop_ratio_%u %.2f\n", nranks, ratio[BATCHES / 2]);
     rc = 0;
-stop:
-    atomic_store(&b->stop, 1);
-    pthread_join(engine, NULL);
-    if (0 != rc || b->engine_failed) {
-        fprintf(stderr, "tb_ring_hop: a ring broke its rules\n");
-        rc = -1;
-    }
 out:
     for (unsigned i = 0; i < nranks; i++) {
         if (NULL != b->segs[i].base) {
@@ -441,7 +473,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tb_ring_hop: needs two cores (the rank and the engine each spin on one)\n");
         return 2;
     }
-    if (0 != record_cost(trips) || 0 != line_floor(trips) || 0 != wake_cost(200, false)
+    if (0 != record_cost(trips) || 0 != wake_cost(200, false)
         || 0 != wake_cost(200, true)) {
         return 1;
     }
