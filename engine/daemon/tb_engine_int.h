@@ -288,6 +288,18 @@ struct eng_peer {
      * it (its queue here and elsewhere, and in channels). */
     eng_msg_t *fwd_head, *fwd_tail;
     uint64_t relay_held;
+    /* A neighbour whose cable failed while another cable to its host
+     * stood: what went over this cable for other hosts (relayed, and the
+     * messages of the peers that go through it) goes over relay_to's from
+     * then on, for the rest of the job (tb_eng_peer_detour).  unsent_relay:
+     * such messages its failed channel handed back, in order, to send again
+     * first (relay_unsent_lost: it could not hand back every one);
+     * fwd_hold: how many messages at the head of fwd go before the peers
+     * that go through this one may send again (tb_eng_peer_channel). */
+    eng_peer_t *relay_to;
+    eng_msg_t *unsent_relay_head, *unsent_relay_tail;
+    bool relay_unsent_lost;
+    unsigned fwd_hold;
     /* Its flow's numbers (tb_wire_emsg_t.seq): the next to send, the next
      * expected; duplicates dropped.  What its failed channel handed back,
      * in order, goes again before anything else. */
@@ -625,6 +637,15 @@ void tb_eng_relay_recv(eng_peer_t *p, const void *data, size_t len);
 /* Neighbour q failed: what waited to go through it is dropped, and the ends
  * of what went through it are told (TB_ETAG_UNREACH). */
 void tb_eng_relay_lost(eng_peer_t *q, const char *why);
+/* q's failed channel handed back a RELAY message (iov NULL: one it could
+ * not), kept in q->unsent_relay; _drop forgets what was not moved. */
+void tb_eng_relay_unsent(eng_peer_t *q, const struct iovec *iov, int iovcnt, size_t len);
+void tb_eng_relay_unsent_drop(eng_peer_t *q);
+/* The neighbour engine of host h over this engine's device dev, made and
+ * dialled if need be. */
+eng_peer_t *tb_eng_neighbour(tb_engine_t *e, unsigned h, unsigned dev);
+/* Send neighbour q's forward queue as far as its channel takes it. */
+int tb_eng_fwd_drain(eng_peer_t *q);
 /* A forwarded message's send completed (its cookie). */
 void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m);
 /* Routed peers follow their neighbour's state; forward queues drain. */

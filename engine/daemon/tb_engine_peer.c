@@ -76,6 +76,7 @@ static void drop_resends(eng_peer_t *p)
 {
     p->nresend = 0;
     tb_eng_msg_free_all(&p->resend_head, &p->resend_tail);
+    tb_eng_relay_unsent_drop(p);
 }
 
 static void drop_notices(eng_peer_t *p)
@@ -231,10 +232,11 @@ tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
     if (p->via) {
         /* A routed peer's messages go over its first hop's channel (not if
-         * that hop's own cable failed: its channel is another way's).  A
-         * flow that sent BACK waits for its cable (tb_engine_back.c). */
+         * that hop's own cable failed: its channel is another way's), after
+         * what was moved there from a failed cable before them (fwd_hold).
+         * A flow that sent BACK waits for its cable (tb_engine_back.c). */
         return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via
-                           && !(p->back && p->back_sent)
+                           && 0 == p->via->fwd_hold && !(p->back && p->back_sent)
                    ? tb_eng_peer_channel(p->via)
                    : NULL;
     }
@@ -731,15 +733,19 @@ static void chan_send_done(void *ctx, void *cookie, int status)
 }
 
 /* The channel failed: a message it may not have delivered, to send again
- * round the failed cable (tb_eng_peer_detour).  Only p's own flow: what it
- * relayed, or sent for routed peers through this cable, is not (those
- * routes fail, as before). */
+ * round the failed cable (tb_eng_peer_detour).  p's own flow, and what went
+ * over the cable for other hosts (RELAY: it goes again only over another
+ * cable to the same host). */
 static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len)
 {
     eng_peer_t *p = ctx;
     eng_msg_t *m;
     size_t off = 0;
 
+    if (TB_ETAG_RELAY == tag) {
+        tb_eng_relay_unsent(p, iov, iovcnt, len);
+        return;
+    }
     if (TB_ETAG_DATA != tag && TB_ETAG_CREDIT != tag && TB_ETAG_GONE != tag) {
         return;
     }
@@ -764,6 +770,8 @@ static void chan_error(void *ctx, int status, const char *why)
     if (!tb_eng_back_failed(p, status, why) && !tb_eng_peer_detour(p, status, why)) {
         tb_eng_peer_fail(p, status, why);
     }
+    /* What was handed back and not moved is of this failure only. */
+    tb_eng_relay_unsent_drop(p);
 }
 
 /* ---- ranks coming and going ---------------------------------------------- */

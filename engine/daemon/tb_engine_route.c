@@ -47,7 +47,6 @@
 /* ---- the job's table ----------------------------------------------------- */
 
 static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int nh, int mydev);
-static eng_peer_t *neighbour(tb_engine_t *e, unsigned h, unsigned dev);
 
 /* Each pair's route walked once (at most 64 x 64 routes of at most 64 hops),
  * when the table comes: where it reaches this engine from (arrive_from,
@@ -199,7 +198,7 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
      * traffic would mostly open anyway. */
     for (unsigned dev = 0; dev < e->ndev; ++dev) {
         if (TB_TOPO_NONE != e->topo->peer[e->me][dev]) {
-            (void) neighbour(e, e->topo->peer[e->me][dev], dev);
+            (void) tb_eng_neighbour(e, e->topo->peer[e->me][dev], dev);
         }
     }
     /* What was relayed to this engine before it knew the routes, in order. */
@@ -218,7 +217,7 @@ out:
 
 /* The neighbour engine of host h over this engine's device dev, made and
  * dialled if need be (its address from the table). */
-static eng_peer_t *neighbour(tb_engine_t *e, unsigned h, unsigned dev)
+eng_peer_t *tb_eng_neighbour(tb_engine_t *e, unsigned h, unsigned dev)
 {
     const tb_topo_t *t = e->topo;
     eng_peer_t *q = tb_eng_peer_for(e, dev, t->host[h].id, true);
@@ -270,7 +269,10 @@ static eng_peer_t *routed_make(tb_engine_t *e, unsigned h, const char **why)
         *why = "the job's cabling has no route to it";
         return NULL;
     }
-    via = neighbour(e, (unsigned) next, dev);
+    via = tb_eng_neighbour(e, (unsigned) next, dev);
+    if (via && via->relay_to) {
+        via = via->relay_to; /* the route's cable failed: its traffic moved */
+    }
     if (NULL == via || e->npeers == ENG_MAX_PEERS || NULL == (p = calloc(1, sizeof(*p)))) {
         *why = "too many engines to talk to";
         return NULL;
@@ -366,6 +368,7 @@ static void fwd_drop(eng_peer_t *q)
     while ((m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
         tb_eng_relay_done(q->e, m);
     }
+    q->fwd_hold = 0;
 }
 
 void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m)
@@ -378,28 +381,49 @@ void tb_eng_relay_done(tb_engine_t *e, eng_msg_t *m)
     free(m);
 }
 
+/* What was moved onto q's cable went: the peers that go through q send
+ * again (what waited, and credit owed). */
+static void release_held(eng_peer_t *q)
+{
+    for (unsigned i = 0; i < q->e->npeers; ++i) {
+        eng_peer_t *x = q->e->peers[i];
+        if (x->via == q) {
+            x->credit_changed = true;
+            x->ret_pending = true;
+        }
+    }
+}
+
 /* Send the queue of neighbour q as far as its channel takes it. */
-static int fwd_drain(eng_peer_t *q)
+int tb_eng_fwd_drain(eng_peer_t *q)
 {
     tb_channel_t *ch = tb_eng_peer_channel(q);
     eng_msg_t *m;
     size_t taken = 0;
     int n = 0;
 
-    while (NULL != ch && ENG_PEER_CONNECTED == q->state && taken < ENG_TX_SHARE
+    while (NULL != ch && ENG_PEER_CONNECTED == q->state && NULL == q->via && taken < ENG_TX_SHARE
            && NULL != (m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
+        size_t len = m->len; /* a send that fails the channel at once frees m */
         /* Off the queue before the channel has it: a send that fails q at
          * once (fwd_drop) must not free it under the channel. */
         if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
             if (ENG_PEER_CONNECTED != q->state) {
                 tb_eng_relay_done(q->e, m);
-                break;
+            } else if (q->relay_to) {
+                /* q failed in that send and its queue moved: m goes first. */
+                tb_eng_msg_push_front(&q->relay_to->fwd_head, &q->relay_to->fwd_tail, m);
+                q->relay_to->fwd_hold++;
+            } else {
+                tb_eng_msg_push_front(&q->fwd_head, &q->fwd_tail, m);
             }
-            tb_eng_msg_push_front(&q->fwd_head, &q->fwd_tail, m);
             break;
         }
-        taken += m->len;
+        taken += len;
         ++n;
+        if (q->fwd_hold && 0 == --q->fwd_hold) {
+            release_held(q);
+        }
     }
     return n;
 }
@@ -414,10 +438,15 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
 {
     unsigned dev;
     int next = tb_topo_next_hop(e->topo, e->me, dst, &dev);
-    eng_peer_t *q = next < 0 ? NULL : neighbour(e, (unsigned) next, dev);
-    tb_channel_t *ch = q ? tb_eng_peer_channel(q) : NULL;
+    eng_peer_t *q = next < 0 ? NULL : tb_eng_neighbour(e, (unsigned) next, dev);
+    tb_channel_t *ch;
     uint8_t *slot;
     eng_msg_t *m;
+
+    if (q && q->relay_to) {
+        q = q->relay_to; /* the route's cable failed: its traffic moved */
+    }
+    ch = q ? tb_eng_peer_channel(q) : NULL;
 
     if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state || q->via) {
         /* The way on is gone (or its cable is, and q's own traffic goes
@@ -450,7 +479,7 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
         from->relay_held += ENG_MSG_COST(m->len);
     }
     tb_eng_msg_append(&q->fwd_head, &q->fwd_tail, m);
-    (void) fwd_drain(q);
+    (void) tb_eng_fwd_drain(q);
 }
 
 /* Tell host to that this engine cannot reach host lost, once per pair. */
@@ -475,9 +504,40 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
     relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
 }
 
+/* What goes to host h over this engine's device dev goes over q: dev is q's
+ * cable, or one whose traffic moved to q (relay_move). */
+static bool carried_by(tb_engine_t *e, unsigned h, unsigned dev, const eng_peer_t *q)
+{
+    eng_peer_t *w = tb_eng_peer_for(e, dev, e->topo->host[h].id, false);
+
+    return w == q || (w && w->relay_to == q);
+}
+
+/* Another cable than q's that joins this host to host h and carries
+ * traffic (where what moved off it went, if it did), or NULL. */
+static eng_peer_t *other_cable_up(tb_engine_t *e, const eng_peer_t *q, unsigned h)
+{
+    for (unsigned dev = 0; dev < e->ndev && dev < e->topo->host[e->me].ndev; ++dev) {
+        eng_peer_t *w;
+        if (dev == q->dev || e->topo->peer[e->me][dev] != h) {
+            continue;
+        }
+        w = tb_eng_peer_for(e, dev, e->topo->host[h].id, false);
+        while (w && w->relay_to) {
+            w = w->relay_to;
+        }
+        if (w && w != q && ENG_PEER_CONNECTED == w->state && NULL == w->via) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
 void tb_eng_relay_lost(eng_peer_t *q, const char *why)
 {
     tb_engine_t *e = q->e;
+    uint64_t tell_src[TB_TOPO_MAX_HOSTS] = {0}, tell_dst[TB_TOPO_MAX_HOSTS] = {0};
+    eng_peer_t *w;
     int qh;
 
     fwd_drop(q);
@@ -485,21 +545,44 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
         return;
     }
     /* Every pair this engine carried over q's cable, told at the end this
-     * side of it: the source when q was the way on, the destination when q
-     * was the way in.  Each end waits for the other otherwise; an end behind
-     * q hears it from its own side of the cable, or not at all if it is
-     * gone. */
+     * side of it: the source when q was the way on (its route's cable, or
+     * one whose traffic moved to q), the destination when q was the way in.
+     * Each end waits for the other otherwise; an end behind q hears it from
+     * its own side of the cable, or not at all if it is gone.  While another
+     * cable to q's host stands (w), the far end may not know that what was
+     * lost here is lost: both ends are told, over w, and later traffic that
+     * way takes w. */
+    w = other_cable_up(e, q, (unsigned) qh);
     for (unsigned s = 0; s < e->topo->nhosts; ++s) {
         for (unsigned d = 0; d < e->topo->nhosts; ++d) {
             unsigned dev;
+            bool on, in;
             if (!(e->relayed_pairs[s] & (1ull << d))) {
                 continue;
             }
-            if (tb_topo_next_hop(e->topo, e->me, d, &dev) == qh && dev == q->dev) {
+            on = tb_topo_next_hop(e->topo, e->me, d, &dev) == qh && carried_by(e, qh, dev, q);
+            in = came_by_route(e, s, d, qh, w ? -1 : (int) q->dev);
+            if (on || in) {
                 e->relayed_pairs[s] &= ~(1ull << d);
+                tell_src[s] |= on || w ? 1ull << d : 0;
+                tell_dst[d] |= in || w ? 1ull << s : 0;
+            }
+        }
+    }
+    if (w) {
+        for (unsigned i = 0; i < e->npeers; ++i) {
+            eng_peer_t *x = e->peers[i];
+            if ((x == q || x->relay_to == q) && x != w) {
+                x->relay_to = w;
+            }
+        }
+    }
+    for (unsigned s = 0; s < e->topo->nhosts; ++s) {
+        for (unsigned d = 0; d < e->topo->nhosts; ++d) {
+            if (tell_src[s] & (1ull << d)) {
                 send_unreach(e, s, d, why);
-            } else if (came_by_route(e, s, d, qh, (int) q->dev)) {
-                e->relayed_pairs[s] &= ~(1ull << d);
+            }
+            if (tell_dst[d] & (1ull << s)) {
                 send_unreach(e, d, s, why);
             }
         }
@@ -514,6 +597,29 @@ static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int 
     unsigned from = e->arrive_from[src][dst];
 
     return 0 != from && (int) from - 1 == nh && (mydev < 0 || e->arrive_dev[src][dst] == mydev);
+}
+
+/* What this engine holds of what host h's engine relays through it, over
+ * every cable that joins them (any of them may bring it: cabled_to). */
+static uint64_t host_relay_held(const tb_engine_t *e, unsigned h)
+{
+    uint64_t held = 0;
+
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        const eng_peer_t *x = e->peers[i];
+        if (!x->routed && x->dev < e->topo->host[e->me].ndev
+            && e->topo->peer[e->me][x->dev] == h) {
+            held += x->relay_held;
+        }
+    }
+    return held;
+}
+
+/* This engine's device dev is a cable to host h (any of them carries what
+ * comes from h: one that failed moves its traffic to another, relay_move). */
+static bool cabled_to(const tb_engine_t *e, unsigned dev, int h)
+{
+    return h >= 0 && dev < e->topo->host[e->me].ndev && e->topo->peer[e->me][dev] == h;
 }
 
 /* Host via lies on this engine's route to host to, between them. */
@@ -729,7 +835,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
     if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
         || rh.tag < TB_ETAG_DATA || rh.tag > (rh.flow ? TB_ETAG_BACK : TB_ETAG_UNREACH)
         || TB_ETAG_RELAY == rh.tag
-        || (0 == rh.flow && !came_by_route(e, src, dst, nh, (int) n->dev))) {
+        || (0 == rh.flow && !(came_by_route(e, src, dst, nh, -1) && cabled_to(e, n->dev, nh)))) {
         relay_violation(n, "relay route",
                         "it relayed a message whose route does not come through it");
         return;
@@ -742,7 +848,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
         relay_violation(n, "relay loop", "it relayed a message that went round too many hosts");
         return;
     }
-    if (n->relay_held + ENG_MSG_COST(len) > ENG_RELAY_HOLD(e, nh)) {
+    if (host_relay_held(e, (unsigned) nh) + ENG_MSG_COST(len) > ENG_RELAY_HOLD(e, nh)) {
         relay_violation(n, "relay bound",
                         "it relayed more through this engine than the routed credit allows");
         return;
@@ -762,7 +868,7 @@ int tb_eng_routes_progress(tb_engine_t *e)
         eng_peer_t *p = e->peers[i], *via = p->via;
         char why[160];
         if (NULL == via) {
-            n += p->fwd_head ? fwd_drain(p) : 0;
+            n += p->fwd_head ? tb_eng_fwd_drain(p) : 0;
             continue;
         }
         if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state
@@ -783,88 +889,6 @@ int tb_eng_routes_progress(tb_engine_t *e)
         }
     }
     return n;
-}
-
-/* ---- going round a failed cable -------------------------------------------- */
-
-
-/* The way round p's failed cable to host h: another cable to h, else one to
- * the lowest host cabled to both (its lowest cable), made and dialled if need
- * be; NULL when there is none. */
-static eng_peer_t *way_round(tb_engine_t *e, eng_peer_t *p, unsigned h)
-{
-    const tb_topo_t *t = e->topo;
-
-    for (int pass = 0; pass < 2; ++pass) {
-        for (unsigned n = 0; n < t->nhosts; ++n) {
-            if (n == e->me || (0 == pass) != (n == h) || (1 == pass && 1 != t->dist[n][h])) {
-                continue;
-            }
-            for (unsigned dev = 0; dev < e->ndev; ++dev) {
-                eng_peer_t *q;
-                if (t->peer[e->me][dev] != n || (n == h && dev == p->dev)) {
-                    continue;
-                }
-                q = tb_eng_peer_for(e, dev, t->host[n].id, false);
-                if (q && (q->via || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state)) {
-                    continue;
-                }
-                if (NULL != (q = neighbour(e, n, dev))
-                    && ENG_PEER_FAILED != q->state && ENG_PEER_CLOSED != q->state) {
-                    return q;
-                }
-            }
-        }
-    }
-    return NULL;
-}
-
-bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why)
-{
-    tb_engine_t *e = p->e;
-    const tb_topo_t *t = e->topo;
-    char text[240];
-    eng_peer_t *q;
-    int h;
-
-    /* Only a cable that went dark or broke: a peer that closed, restarted or
-     * broke the protocol is not helped by another way. */
-    if (p->routed || p->via || p->lost_unsent || ENG_PEER_CONNECTED != p->state
-        || (TB_CHAN_EPEERDEAD != status && TB_CHAN_ELINK != status) || NULL == t
-        || (h = tb_topo_find(t, p->id)) < 0 || (unsigned) h == e->me
-        || NULL == (q = way_round(e, p, (unsigned) h))) {
-        return false;
-    }
-    p->via = q;
-    p->host = (unsigned) h;
-    for (unsigned tag = TB_ETAG_DATA; tag <= TB_ETAG_BACK; ++tag) {
-        memset(&p->relay[tag], 0, sizeof(p->relay[tag]));
-        p->relay[tag].digest = tb_wire_le32(t->digest);
-        p->relay[tag].src_host = tb_wire_le16((uint16_t) e->me);
-        p->relay[tag].dst_host = tb_wire_le16((uint16_t) h);
-        p->relay[tag].tag = (uint8_t) tag;
-        p->relay[tag].hops_left = (uint8_t) t->nhosts;
-        p->relay[tag].flow = (uint8_t) (p->dev + 1);
-    }
-    TB_WARN("the cable %s (%s) to engine %02x%02x%02x%02x (host %d) failed: %s; its traffic "
-            "goes round it from now on, %s engine %02x%02x%02x%02x over %s, %u message%s "
-            "sent again",
-            e->devs[p->dev].dev->name, e->devs[p->dev].dev->netdev, p->id[0], p->id[1], p->id[2],
-            p->id[3], h, why, 0 == memcmp(q->id, p->id, sizeof(p->id))
-                                  ? "over another cable to"
-                                  : "through",
-            q->id[0], q->id[1], q->id[2], q->id[3], e->devs[q->dev].dev->name,
-            p->nresend, 1 == p->nresend ? " is" : "s are");
-    e->faults++;
-    snprintf(text, sizeof(text), "%s over %s", why, e->devs[p->dev].dev->name);
-    /* What it relayed for others over this cable cannot go round it. */
-    tb_eng_relay_lost(p, text);
-    p->destroy = NULL != p->conn;
-    p->credit_changed = true;
-    p->ret_pending = true;
-    tb_eng_back_arm(p, tb_now_ns());
-    tb_eng_round_take(p);
-    return true;
 }
 
 void tb_eng_routes_destroy(tb_engine_t *e)

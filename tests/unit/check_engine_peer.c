@@ -607,9 +607,13 @@ static void line_of_three(eng_harness_t *h, eng_peer_t **b, tb_topo_t *t)
 
 /* A relayed DATA message from host src to this engine (host 0) for rank 0,
  * as b forwards it. */
+/* Each source's flow to this engine (a test is a process; a test that
+ * makes a new engine starts them again). */
+static uint32_t relay_seq[3];
+
 static void relay_from(eng_peer_t *b, unsigned src, uint32_t digest)
 {
-    static uint32_t seq[3]; /* each source's flow to this engine (a test is a process) */
+    uint32_t *seq = relay_seq;
     uint8_t buf[sizeof(tb_wire_erelay_t) + sizeof(tb_wire_emsg_t) + 2];
     tb_wire_erelay_t rh;
     tb_wire_emsg_t m;
@@ -1280,6 +1284,126 @@ START_TEST(detour_taken)
 }
 END_TEST
 
+/* Two cables from this engine to peer 1 (devices 0 and 1: 10.0.1.0/30 and
+ * 10.0.2.0/30), and peer 1's third to peer 2 (10.0.3.0/30): a line of three
+ * whose first pair has two cables.  *b0 and *b1 are peer 1 over devices 0
+ * and 1, *r the routed peer to peer 2 that a message relayed from there
+ * makes (through *b0: the route takes the lowest cable). */
+static void double_line(eng_harness_t *h, eng_peer_t **b0, eng_peer_t **b1, eng_peer_t **r,
+                        tb_topo_t *t)
+{
+    static const uint32_t addr[6] = {0x0a000101, 0x0a000201, 0x0a000102,
+                                     0x0a000202, 0x0a000301, 0x0a000302};
+    static const uint8_t dev[6] = {0, 1, 0, 1, 2, 0};
+    uint8_t idc[TB_WIRE_ENGINE_ID_SIZE] = {'p', 'e', 'e', 'r'};
+    unsigned two = 2;
+    tb_wire_ehost_t table[6];
+    const char *why = NULL;
+
+    (void) setup(h);
+    eh_second_device(h);
+    *b0 = eh_peer_on(h, 1, 0);
+    *b1 = eh_peer_on(h, 1, 1);
+    memcpy(idc + 8, &two, sizeof(two));
+    memset(table, 0, sizeof(table));
+    for (unsigned i = 0; i < 6; ++i) {
+        memcpy(table[i].engine_id, i < 2 ? h->e->id : i < 5 ? (*b0)->id : idc,
+               sizeof(table[i].engine_id));
+        table[i].ipv4 = htonl(addr[i]);
+        table[i].netmask = htonl(0xfffffffcu);
+        table[i].cm_port = tb_wire_le16(4000);
+        table[i].dev = dev[i];
+    }
+    qsort(table, 6, sizeof(table[0]), ehost_cmp);
+    h->dev.ipv4.s_addr = htonl(addr[0]);
+    h->dev.netmask.s_addr = htonl(0xfffffffcu);
+    h->dev2.ipv4.s_addr = htonl(addr[1]);
+    h->dev2.netmask.s_addr = htonl(0xfffffffcu);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, table, sizeof(table)), 0);
+    ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
+    ck_assert_uint_eq(t->nhosts, 3);
+    ck_assert_uint_eq(h->e->me, 0);
+    memset(relay_seq, 0, sizeof(relay_seq));
+    relay_from(*b0, 2, t->digest);
+    eh_progress(h);
+    *r = NULL;
+    for (unsigned i = 0; i < h->e->npeers; ++i) {
+        *r = h->e->peers[i]->routed ? h->e->peers[i] : *r;
+    }
+    ck_assert_ptr_nonnull(*r);
+    ck_assert_ptr_eq((*r)->via, *b0);
+    ck_assert_int_eq((*r)->state, ENG_PEER_CONNECTED);
+}
+
+/* A relayed message as a channel hands it back: a relay header from this
+ * engine (host 0) to host 2, then a byte that tells it apart. */
+static void hand_back(eng_peer_t *p, const tb_topo_t *t, char mark)
+{
+    uint8_t buf[sizeof(tb_wire_erelay_t) + 1];
+    tb_wire_erelay_t rh;
+    struct iovec iov[2] = {{.iov_base = buf, .iov_len = sizeof(rh)},
+                           {.iov_base = buf + sizeof(rh), .iov_len = 1}};
+
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16(0);
+    rh.dst_host = tb_wire_le16(2);
+    rh.tag = TB_ETAG_DATA;
+    rh.hops_left = 3;
+    memcpy(buf, &rh, sizeof(rh));
+    buf[sizeof(rh)] = (uint8_t) mark;
+    tb_eng_relay_unsent(p, iov, 2, sizeof(buf));
+}
+
+/* A cable that fails while another joins the same two hosts: what it
+ * carried for other hosts moves to the other cable with its own flow, what
+ * its channel handed back first and in order, and the routed peer that went
+ * through it goes through the other, after those; the far end's relayed
+ * messages are taken over either cable.  A channel that could not hand back
+ * everything ends those routes instead (the routed peer fails), and only
+ * later traffic takes the other cable. */
+START_TEST(relay_moves_with_cable)
+{
+    eng_harness_t h;
+    eng_peer_t *b0, *b1, *r;
+    tb_topo_t t;
+
+    double_line(&h, &b0, &b1, &r, &t);
+    relay_from(b1, 2, t.digest); /* over the other cable: taken */
+    ck_assert_int_eq(b1->state, ENG_PEER_CONNECTED);
+    hand_back(b0, &t, 'a');
+    hand_back(b0, &t, 'b');
+    ck_assert(tb_eng_peer_detour(b0, TB_CHAN_ELINK, "test: link down"));
+    ck_assert_ptr_eq(b0->via, b1);
+    ck_assert_ptr_eq(b0->relay_to, b1);
+    ck_assert_ptr_eq(r->via, b1);
+    ck_assert_uint_eq(queued(b1), 2);
+    ck_assert_uint_eq(b1->fwd_hold, 2);
+    ck_assert_int_eq(b1->fwd_head->data[sizeof(tb_wire_erelay_t)], 'a');
+    ck_assert_int_eq(b1->fwd_tail->data[sizeof(tb_wire_erelay_t)], 'b');
+    ck_assert_ptr_null(b0->unsent_relay_head);
+    eh_progress(&h);
+    ck_assert_int_eq(r->state, ENG_PEER_CONNECTED);
+    relay_from(b1, 2, t.digest);
+    ck_assert_int_eq(b1->state, ENG_PEER_CONNECTED);
+    ck_assert_ptr_null(eh_check(&h));
+    eh_fini(&h);
+
+    double_line(&h, &b0, &b1, &r, &t);
+    hand_back(b0, &t, 'a');
+    tb_eng_relay_unsent(b0, NULL, 0, 4 << 20); /* one it could not hand back whole */
+    ck_assert(tb_eng_peer_detour(b0, TB_CHAN_ELINK, "test: link down"));
+    ck_assert_ptr_eq(b0->relay_to, b1);
+    ck_assert_ptr_eq(r->via, b0);
+    ck_assert_ptr_null(b0->unsent_relay_head);
+    ck_assert_uint_eq(queued(b1), 0);
+    ck_assert_uint_eq(b1->fwd_hold, 0);
+    eh_progress(&h);
+    ck_assert_int_eq(r->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
 /* A failed cable that works again: the end with the lower engine id dials
  * it; the far end's BACK of this try, come round in its flow's order, is
  * answered (BACK_OK owed), one of an earlier try is not, and what follows
@@ -1416,6 +1540,7 @@ int main(void)
     tcase_add_test(tc, detour_received);
     tcase_add_test(tc, detour_forwarded);
     tcase_add_test(tc, detour_taken);
+    tcase_add_test(tc, relay_moves_with_cable);
     tcase_add_test(tc, back_moves_flow);
     tcase_add_test(tc, neighbours_dialled);
     suite_add_tcase(s, tc);
