@@ -1069,22 +1069,18 @@ static int ehost_cmp(const void *a, const void *b)
  * device 1 to peer 2's device 0 (10.0.2.0/30), peer 1's device 1 to peer 2's
  * device 1 (10.0.3.0/30); *b and *c the peers over devices 0 and 1, and in
  * hb, hc and *me the hosts' indices. */
-/* The triangle's table given to the engine, peers 1 and 2 being the engines
- * idb and idc; t, *hb and *hc as triangle's. */
-static void triangle_table(eng_harness_t *h, const uint8_t *idb, const uint8_t *idc, tb_topo_t *t,
-                           unsigned *hb, unsigned *hc)
+/* Six cable ends, end i on device dev[i] of host ids[i] at addr[i] (each
+ * /30 a cable), given to h's engine as the job's table: the engine's own
+ * two devices are the first two.  Its topology in t. */
+static void give_table(eng_harness_t *h, const uint8_t *const ids[6], const uint32_t addr[6],
+                       const uint8_t dev[6], tb_topo_t *t)
 {
-    static const uint32_t addr[6] = {0x0a000101, 0x0a000201, 0x0a000102,
-                                     0x0a000301, 0x0a000202, 0x0a000302};
-    static const uint8_t dev[6] = {0, 1, 0, 1, 0, 1};
     tb_wire_ehost_t table[6];
-    tb_engine_t *e = h->e;
     const char *why = NULL;
 
     memset(table, 0, sizeof(table));
     for (unsigned i = 0; i < 6; ++i) {
-        const uint8_t *id = i < 2 ? e->id : i < 4 ? idb : idc;
-        memcpy(table[i].engine_id, id, sizeof(table[i].engine_id));
+        memcpy(table[i].engine_id, ids[i], sizeof(table[i].engine_id));
         table[i].ipv4 = htonl(addr[i]);
         table[i].netmask = htonl(0xfffffffcu);
         table[i].cm_port = tb_wire_le16(4000);
@@ -1095,9 +1091,22 @@ static void triangle_table(eng_harness_t *h, const uint8_t *idb, const uint8_t *
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
     h->dev2.ipv4.s_addr = htonl(addr[1]);
     h->dev2.netmask.s_addr = htonl(0xfffffffcu);
-    ck_assert_int_eq(tb_eng_topo_set(e, table, sizeof(table)), 0);
-    ck_assert_ptr_nonnull(e->topo);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, table, sizeof(table)), 0);
+    ck_assert_ptr_nonnull(h->e->topo);
     ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
+}
+
+/* The triangle's table given to the engine, peers 1 and 2 being the engines
+ * idb and idc; t, *hb and *hc as triangle's. */
+static void triangle_table(eng_harness_t *h, const uint8_t *idb, const uint8_t *idc, tb_topo_t *t,
+                           unsigned *hb, unsigned *hc)
+{
+    static const uint32_t addr[6] = {0x0a000101, 0x0a000201, 0x0a000102,
+                                     0x0a000301, 0x0a000202, 0x0a000302};
+    static const uint8_t dev[6] = {0, 1, 0, 1, 0, 1};
+    const uint8_t *const ids[6] = {h->e->id, h->e->id, idb, idb, idc, idc};
+
+    give_table(h, ids, addr, dev, t);
     *hb = (unsigned) tb_topo_find(t, idb);
     *hc = (unsigned) tb_topo_find(t, idc);
 }
@@ -1296,31 +1305,18 @@ static void double_line(eng_harness_t *h, eng_peer_t **b0, eng_peer_t **b1, eng_
                                      0x0a000202, 0x0a000301, 0x0a000302};
     static const uint8_t dev[6] = {0, 1, 0, 1, 2, 0};
     uint8_t idc[TB_WIRE_ENGINE_ID_SIZE] = {'p', 'e', 'e', 'r'};
+    const uint8_t *ids[6];
     unsigned two = 2;
-    tb_wire_ehost_t table[6];
-    const char *why = NULL;
 
     (void) setup(h);
     eh_second_device(h);
     *b0 = eh_peer_on(h, 1, 0);
     *b1 = eh_peer_on(h, 1, 1);
     memcpy(idc + 8, &two, sizeof(two));
-    memset(table, 0, sizeof(table));
-    for (unsigned i = 0; i < 6; ++i) {
-        memcpy(table[i].engine_id, i < 2 ? h->e->id : i < 5 ? (*b0)->id : idc,
-               sizeof(table[i].engine_id));
-        table[i].ipv4 = htonl(addr[i]);
-        table[i].netmask = htonl(0xfffffffcu);
-        table[i].cm_port = tb_wire_le16(4000);
-        table[i].dev = dev[i];
-    }
-    qsort(table, 6, sizeof(table[0]), ehost_cmp);
-    h->dev.ipv4.s_addr = htonl(addr[0]);
-    h->dev.netmask.s_addr = htonl(0xfffffffcu);
-    h->dev2.ipv4.s_addr = htonl(addr[1]);
-    h->dev2.netmask.s_addr = htonl(0xfffffffcu);
-    ck_assert_int_eq(tb_eng_topo_set(h->e, table, sizeof(table)), 0);
-    ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
+    ids[0] = ids[1] = h->e->id;
+    ids[2] = ids[3] = ids[4] = (*b0)->id;
+    ids[5] = idc;
+    give_table(h, ids, addr, dev, t);
     ck_assert_uint_eq(t->nhosts, 3);
     ck_assert_uint_eq(h->e->me, 0);
     memset(relay_seq, 0, sizeof(relay_seq));
