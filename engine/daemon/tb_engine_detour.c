@@ -58,17 +58,17 @@ void tb_eng_relay_unsent_drop(eng_peer_t *q)
 static bool relay_move(eng_peer_t *p, eng_peer_t *q, unsigned *moved)
 {
     tb_engine_t *e = p->e;
-    eng_peer_t *to = q;
+    eng_peer_t *to = tb_eng_relay_end(q, p);
     unsigned n = 0;
     eng_msg_t *m;
 
-    while (to->relay_to) {
-        to = to->relay_to;
-    }
     *moved = 0;
     if (p->relay_unsent_lost || to->via || ENG_PEER_FAILED == to->state
         || ENG_PEER_CLOSED == to->state) {
         return false;
+    }
+    if (to->relay_to == p) {
+        to->relay_to = NULL; /* its traffic had moved to p: it comes back */
     }
     for (unsigned i = 0; i < e->npeers; ++i) {
         if (e->peers[i]->relay_to == p) {

@@ -644,6 +644,10 @@ void tb_eng_relay_unsent_drop(eng_peer_t *q);
 /* The neighbour engine of host h over this engine's device dev, made and
  * dialled if need be. */
 eng_peer_t *tb_eng_neighbour(tb_engine_t *e, unsigned h, unsigned dev);
+/* The cable what goes over neighbour w goes over: w, or the one w's traffic
+ * moved to (relay_to, never more than one step: a cable's traffic moves to
+ * one whose own has not moved), unless that is p, a cable failing now. */
+eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p);
 /* Send neighbour q's forward queue as far as its channel takes it. */
 int tb_eng_fwd_drain(eng_peer_t *q);
 /* A forwarded message's send completed (its cookie). */

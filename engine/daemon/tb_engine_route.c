@@ -504,6 +504,11 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
     relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
 }
 
+eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p)
+{
+    return w->relay_to && w->relay_to != p ? w->relay_to : w;
+}
+
 /* What goes to host h over this engine's device dev goes over q: dev is q's
  * cable, or one whose traffic moved to q (relay_move). */
 static bool carried_by(tb_engine_t *e, unsigned h, unsigned dev, const eng_peer_t *q)
@@ -523,9 +528,7 @@ static eng_peer_t *other_cable_up(tb_engine_t *e, const eng_peer_t *q, unsigned 
             continue;
         }
         w = tb_eng_peer_for(e, dev, e->topo->host[h].id, false);
-        while (w && w->relay_to) {
-            w = w->relay_to;
-        }
+        w = w ? tb_eng_relay_end(w, q) : NULL;
         if (w && w != q && ENG_PEER_CONNECTED == w->state && NULL == w->via) {
             return w;
         }
@@ -570,6 +573,9 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
         }
     }
     if (w) {
+        if (w->relay_to == q) {
+            w->relay_to = NULL; /* its traffic had moved to q: it comes back */
+        }
         for (unsigned i = 0; i < e->npeers; ++i) {
             eng_peer_t *x = e->peers[i];
             if ((x == q || x->relay_to == q) && x != w) {

@@ -1357,7 +1357,10 @@ static void hand_back(eng_peer_t *p, const tb_topo_t *t, char mark)
  * through it goes through the other, after those; the far end's relayed
  * messages are taken over either cable.  A channel that could not hand back
  * everything ends those routes instead (the routed peer fails), and only
- * later traffic takes the other cable. */
+ * later traffic takes the other cable.  When the other cable fails in turn
+ * after the first carries its flow again, everything moves back to the
+ * first, which then sends nowhere else (no cable hands its traffic on to
+ * one that hands it back). */
 START_TEST(relay_moves_with_cable)
 {
     eng_harness_t h;
@@ -1383,6 +1386,21 @@ START_TEST(relay_moves_with_cable)
     relay_from(b1, 2, t.digest);
     ck_assert_int_eq(b1->state, ENG_PEER_CONNECTED);
     ck_assert_ptr_null(eh_check(&h));
+    /* Cable 0 carries its own flow again (as tb_engine_back.c leaves it);
+     * then cable 1 fails: everything comes back to cable 0, which no longer
+     * sends anywhere else. */
+    b0->via = NULL;
+    hand_back(b1, &t, 'c');
+    ck_assert(tb_eng_peer_detour(b1, TB_CHAN_EPEERDEAD, "test: dark"));
+    ck_assert_ptr_eq(b1->via, b0);
+    ck_assert_ptr_null(b0->relay_to);
+    ck_assert_ptr_eq(b1->relay_to, b0);
+    ck_assert_ptr_eq(r->via, b0);
+    ck_assert_uint_eq(queued(b0), 3); /* what the channel had is older than what waited */
+    ck_assert_int_eq(b0->fwd_head->data[sizeof(tb_wire_erelay_t)], 'c');
+    ck_assert_int_eq(b0->fwd_tail->data[sizeof(tb_wire_erelay_t)], 'b');
+    eh_progress(&h);
+    ck_assert_int_eq(r->state, ENG_PEER_CONNECTED);
     eh_fini(&h);
 
     double_line(&h, &b0, &b1, &r, &t);
