@@ -267,6 +267,11 @@ int tb_eng_send_waiting(eng_peer_t *p)
     while ((m = *pp)) {
         eng_dst_t *d = tb_eng_dst_of(p, m->vpid, -1);
         size_t len = m->len - sizeof(tb_wire_emsg_t);
+        /* m is the send's cookie unless it is from the ring: a send that
+         * fails the channel at once frees it, so what is read after comes
+         * from here. */
+        bool from_ring = NULL != m->ref;
+        eng_rank_t *ring_rank = from_ring ? r_of(m) : NULL;
         if (taken >= ENG_TX_SHARE) {
             /* The rest in the next pass (see rank_tx_progress). */
             p->credit_changed = true;
@@ -290,7 +295,7 @@ int tb_eng_send_waiting(eng_peer_t *p)
             p->e->ranks[src].held_bytes -= ENG_MSG_COST(m->len);
         }
         m->src_slot = -1;
-        if (m->ref) {
+        if (from_ring) {
             /* From the ring: the header where the channel reads it until
              * the send completes (the ring entry's), the payload in place. */
             struct iovec iov[2] = {{&m->ref->hdr, sizeof(tb_wire_emsg_t)},
@@ -311,8 +316,8 @@ int tb_eng_send_waiting(eng_peer_t *p)
              * took it (freed at its completion), else ours. */
             if (TB_CHAN_OK != rc) {
                 unhold(m);
-            } else if (m->ref) {
-                r_of(m)->npinned--;
+            } else if (from_ring) {
+                ring_rank->npinned--;
                 free(m);
             }
             return n;
@@ -335,8 +340,8 @@ int tb_eng_send_waiting(eng_peer_t *p)
         tb_eng_credit_take(p, d, len);
         p->e->tx_bytes += len;
         p->e->tx_copied += len;
-        if (m->ref) {
-            r_of(m)->npinned--;
+        if (from_ring) {
+            ring_rank->npinned--;
             free(m); /* the channel has the ring entry as its cookie */
         }
         taken += len;
