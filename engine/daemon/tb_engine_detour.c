@@ -67,15 +67,7 @@ static bool relay_move(eng_peer_t *p, eng_peer_t *q, unsigned *moved)
         || ENG_PEER_CLOSED == to->state) {
         return false;
     }
-    if (to->relay_to == p) {
-        to->relay_to = NULL; /* its traffic had moved to p: it comes back */
-    }
-    for (unsigned i = 0; i < e->npeers; ++i) {
-        if (e->peers[i]->relay_to == p) {
-            e->peers[i]->relay_to = to;
-        }
-    }
-    p->relay_to = to;
+    tb_eng_relay_redirect(p, to);
     while ((m = tb_eng_msg_pop(&p->unsent_relay_head, &p->unsent_relay_tail))) {
         tb_eng_msg_append(&to->fwd_head, &to->fwd_tail, m);
         ++*moved;

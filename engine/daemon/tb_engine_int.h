@@ -648,6 +648,9 @@ eng_peer_t *tb_eng_neighbour(tb_engine_t *e, unsigned h, unsigned dev);
  * moved to (relay_to, never more than one step: a cable's traffic moves to
  * one whose own has not moved), unless that is p, a cable failing now. */
 eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p);
+/* What went over cable from (its own, and what moved to it) goes over to
+ * from now on; to's own, if it had moved to from, comes back to it. */
+void tb_eng_relay_redirect(eng_peer_t *from, eng_peer_t *to);
 /* Send neighbour q's forward queue as far as its channel takes it. */
 int tb_eng_fwd_drain(eng_peer_t *q);
 /* A forwarded message's send completed (its cookie). */

@@ -270,8 +270,8 @@ static eng_peer_t *routed_make(tb_engine_t *e, unsigned h, const char **why)
         return NULL;
     }
     via = tb_eng_neighbour(e, (unsigned) next, dev);
-    if (via && via->relay_to) {
-        via = via->relay_to; /* the route's cable failed: its traffic moved */
+    if (via) {
+        via = tb_eng_relay_end(via, NULL); /* the route's cable failed: its traffic moved */
     }
     if (NULL == via || e->npeers == ENG_MAX_PEERS || NULL == (p = calloc(1, sizeof(*p)))) {
         *why = "too many engines to talk to";
@@ -443,8 +443,8 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
     uint8_t *slot;
     eng_msg_t *m;
 
-    if (q && q->relay_to) {
-        q = q->relay_to; /* the route's cable failed: its traffic moved */
+    if (q) {
+        q = tb_eng_relay_end(q, NULL); /* the route's cable failed: its traffic moved */
     }
     ch = q ? tb_eng_peer_channel(q) : NULL;
 
@@ -507,6 +507,21 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
 eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p)
 {
     return w->relay_to && w->relay_to != p ? w->relay_to : w;
+}
+
+void tb_eng_relay_redirect(eng_peer_t *from, eng_peer_t *to)
+{
+    tb_engine_t *e = from->e;
+
+    if (to->relay_to == from) {
+        to->relay_to = NULL; /* its traffic had moved to from: it comes back */
+    }
+    for (unsigned i = 0; i < e->npeers; ++i) {
+        if (e->peers[i]->relay_to == from) {
+            e->peers[i]->relay_to = to;
+        }
+    }
+    from->relay_to = to;
 }
 
 /* What goes to host h over this engine's device dev goes over q: dev is q's
@@ -573,15 +588,7 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
         }
     }
     if (w) {
-        if (w->relay_to == q) {
-            w->relay_to = NULL; /* its traffic had moved to q: it comes back */
-        }
-        for (unsigned i = 0; i < e->npeers; ++i) {
-            eng_peer_t *x = e->peers[i];
-            if ((x == q || x->relay_to == q) && x != w) {
-                x->relay_to = w;
-            }
-        }
+        tb_eng_relay_redirect(q, w);
     }
     for (unsigned s = 0; s < e->topo->nhosts; ++s) {
         for (unsigned d = 0; d < e->topo->nhosts; ++d) {
