@@ -186,3 +186,61 @@ int tb_topo_last_hop(const tb_topo_t *t, unsigned a, unsigned b)
     }
     return (int) prev;
 }
+
+/* Hops from every host to b with the cable of host x's device k taken out
+ * (another cable between its two hosts still joins them). */
+static void dist_without(const tb_topo_t *t, unsigned b, unsigned x, unsigned k, uint8_t *dist)
+{
+    unsigned y = t->peer[x][k], yk = t->peer_dev[x][k];
+    uint8_t queue[TB_TOPO_MAX_HOSTS];
+    unsigned head = 0, tail = 0;
+
+    memset(dist, TB_TOPO_NONE, TB_TOPO_MAX_HOSTS);
+    dist[b] = 0;
+    queue[tail++] = (uint8_t) b;
+    while (head < tail) {
+        unsigned u = queue[head++];
+        for (unsigned d = 0; d < t->host[u].ndev; ++d) {
+            unsigned v = t->peer[u][d];
+            if (TB_TOPO_NONE == v || TB_TOPO_NONE != dist[v] || (u == x && d == k)
+                || (u == y && d == yk)) {
+                continue;
+            }
+            dist[v] = (uint8_t) (dist[u] + 1);
+            queue[tail++] = (uint8_t) v;
+        }
+    }
+}
+
+unsigned tb_topo_detour(const tb_topo_t *t, unsigned x, unsigned k, uint8_t *path)
+{
+    uint8_t dist[TB_TOPO_MAX_HOSTS];
+    unsigned a, b, at, n = 0;
+
+    if (x >= t->nhosts || k >= t->host[x].ndev || TB_TOPO_NONE == t->peer[x][k]) {
+        return 0;
+    }
+    a = x < t->peer[x][k] ? x : t->peer[x][k];
+    b = x < t->peer[x][k] ? t->peer[x][k] : x;
+    dist_without(t, b, x, k, dist);
+    if (TB_TOPO_NONE == dist[a]) {
+        return 0;
+    }
+    /* From the lower end, each step to the lowest host one hop nearer over
+     * any cable but the failed one. */
+    path[n++] = (uint8_t) a;
+    for (at = a; at != b;) {
+        unsigned next = TB_TOPO_NONE;
+        for (unsigned d = 0; d < t->host[at].ndev; ++d) {
+            unsigned v = t->peer[at][d];
+            if (TB_TOPO_NONE != v && !(at == x && d == k)
+                && !(at == t->peer[x][k] && d == t->peer_dev[x][k])
+                && dist[v] + 1u == dist[at] && v < next) {
+                next = v;
+            }
+        }
+        at = next;
+        path[n++] = (uint8_t) at;
+    }
+    return n;
+}

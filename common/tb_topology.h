@@ -63,4 +63,12 @@ int tb_topo_next_hop(const tb_topo_t *t, unsigned a, unsigned b, unsigned *dev);
  * b): a itself for neighbours; -1 when no route. */
 int tb_topo_last_hop(const tb_topo_t *t, unsigned a, unsigned b);
 
+/* The way round the cable of host x's device k when it fails: the shortest
+ * path between its two hosts without it, from the one of lower index to the
+ * other, each step to the lowest host one hop nearer (so every host computes
+ * the same, and each direction takes the same hosts).  Its hosts in path
+ * (room for TB_TOPO_MAX_HOSTS), their number returned: 2 when another cable
+ * joins the two, 0 when no way is left. */
+unsigned tb_topo_detour(const tb_topo_t *t, unsigned x, unsigned k, uint8_t *path);
+
 #endif /* TB_TOPOLOGY_H */

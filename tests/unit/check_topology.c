@@ -74,6 +74,79 @@ START_TEST(ring_of_four)
 }
 END_TEST
 
+START_TEST(detours)
+{
+    uint8_t path[TB_TOPO_MAX_HOSTS];
+
+    /* A ring of 5 (h0-h1-h2-h3-h4-h0) with a second cable h2=h3, and h5
+     * hanging off h4: the way round h0-h1 goes the long way, named alike
+     * from either end, low end first. */
+    cable(0, 1, 1);
+    cable(1, 2, 2);
+    cable(2, 3, 3);
+    cable(3, 4, 4);
+    cable(4, 0, 5);
+    cable(2, 3, 6);
+    cable(4, 5, 7);
+    build(6);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 0, 0, path), 5);
+    ck_assert_mem_eq(path, ((uint8_t[]){0, 4, 3, 2, 1}), 5);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 1, 0, path), 5);
+    ck_assert_mem_eq(path, ((uint8_t[]){0, 4, 3, 2, 1}), 5);
+    /* Two cables between h2 and h3: the way round one is the other. */
+    ck_assert_uint_eq(tb_topo_detour(&topo, 3, 0, path), 2);
+    ck_assert_mem_eq(path, ((uint8_t[]){2, 3}), 2);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 2, 2, path), 2);
+    ck_assert_mem_eq(path, ((uint8_t[]){2, 3}), 2);
+    /* h4-h0 from h4 (its second cable): round through h3, h2, h1. */
+    ck_assert_uint_eq(tb_topo_detour(&topo, 4, 1, path), 5);
+    ck_assert_mem_eq(path, ((uint8_t[]){0, 1, 2, 3, 4}), 5);
+    /* A cable nothing else joins: no way round; no cable: none either. */
+    ck_assert_uint_eq(tb_topo_detour(&topo, 5, 0, path), 0);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 5, 1, path), 0);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 9, 0, path), 0);
+}
+END_TEST
+
+START_TEST(ring_of_four_detour_ties)
+{
+    uint8_t path[TB_TOPO_MAX_HOSTS];
+
+    /* h0-h1-h2-h3-h0 plus h1-h3: round h0-h1 through h3 (h2 is not cabled
+     * to h0); round h1-h2 through h3 (h0 is not cabled to h2). */
+    cable(0, 1, 1);
+    cable(1, 2, 2);
+    cable(2, 3, 3);
+    cable(3, 0, 4);
+    cable(1, 3, 5);
+    build(4);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 0, 0, path), 3);
+    ck_assert_mem_eq(path, ((uint8_t[]){0, 3, 1}), 3);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 2, 0, path), 3);
+    ck_assert_mem_eq(path, ((uint8_t[]){1, 3, 2}), 3);
+    /* Round h1-h3: h0 and h2 both one hop from h3 and cabled to h1: h0. */
+    ck_assert_uint_eq(tb_topo_detour(&topo, 3, 2, path), 3);
+    ck_assert_mem_eq(path, ((uint8_t[]){1, 0, 3}), 3);
+}
+END_TEST
+
+START_TEST(detour_tie_after_first_step)
+{
+    uint8_t path[TB_TOPO_MAX_HOSTS];
+
+    /* Round h0-h1: h0-h2, then h3 or h4 (both cabled to h1): the lower. */
+    cable(0, 1, 1);
+    cable(0, 2, 2);
+    cable(2, 4, 3);
+    cable(2, 3, 4);
+    cable(4, 1, 5);
+    cable(3, 1, 6);
+    build(5);
+    ck_assert_uint_eq(tb_topo_detour(&topo, 1, 0, path), 4);
+    ck_assert_mem_eq(path, ((uint8_t[]){0, 2, 3, 1}), 4);
+}
+END_TEST
+
 START_TEST(line_and_two_cables)
 {
     unsigned dev;
@@ -188,6 +261,9 @@ static Suite *topology_suite(void)
 
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_add_test(tc, ring_of_four);
+    tcase_add_test(tc, detours);
+    tcase_add_test(tc, ring_of_four_detour_ties);
+    tcase_add_test(tc, detour_tie_after_first_step);
     tcase_add_test(tc, line_and_two_cables);
     tcase_add_test(tc, long_line_routes_agree);
     tcase_add_test(tc, shared_subnet_is_no_cable);
