@@ -37,7 +37,7 @@
  * and the job key and answers tb_wire_eattach_reply_t.
  */
 #define TB_WIRE_ENGINE_MAGIC 0x45524254u /* "TBRE" */
-#define TB_WIRE_ENGINE_VERSION 8
+#define TB_WIRE_ENGINE_VERSION 9
 #define TB_WIRE_ENGINE_MAX_DEVICES TB_WIRE_MODEX_MAX_DEVICES
 
 typedef struct __attribute__((packed)) tb_wire_eattach {
@@ -218,12 +218,16 @@ typedef struct __attribute__((packed)) tb_wire_erelay {
     uint32_t digest;   /* of the job's host table both ends route by */
     uint16_t src_host; /* index in that table (sorted by engine id) */
     uint16_t dst_host;
-    uint8_t tag;       /* the message's own: DATA, CREDIT, GONE, UNREACH; BACK (flow) */
+    uint8_t tag;       /* the message's own: DATA, CREDIT, GONE, UNREACH; BACK, RELAY (flow) */
     uint8_t hops_left; /* set to the number of hosts; a relay that finds 0 drops it */
     /* 0: between two engines no cable joins, along the table's route.  d + 1:
      * the traffic of src_host's cable on its device d to dst_host, which
-     * failed, going round it: over another cable to dst_host, or through one
-     * host cabled to both (daemon/tb_engine_route.c). */
+     * failed, going round it: over another cable to dst_host, or along the
+     * cable's way round through other hosts (common/tb_topology.h's
+     * tb_topo_detour, daemon/tb_engine_detour.c).  Its tag may then also be
+     * RELAY (what the cable carried for other hosts, behind this header) or
+     * UNREACH (from a host on the way round, named by tb_wire_eunreach_t:
+     * the way is cut there). */
     uint8_t flow;
     uint8_t reserved[5];
 } tb_wire_erelay_t;

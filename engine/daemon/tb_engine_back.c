@@ -245,6 +245,7 @@ void tb_eng_back_ok(eng_peer_t *p, uint64_t id, uint32_t seq)
         return; /* the answer to an earlier try's BACK */
     }
     p->via = NULL;
+    p->tunnel = false; /* what it carried for others goes over it again, after what went round */
     p->back_sent = false;
     p->credit_changed = true;
     p->ret_pending = true;

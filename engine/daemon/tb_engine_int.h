@@ -94,6 +94,13 @@ enum {
  * the cable fail (the sender's routed share of the window keeps well within
  * it); a relay that sends more is cut. */
 #define ENG_DETOUR_HOLD(e) ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG))
+/* The same at the far end of a cable whose traffic for other hosts goes
+ * round it too (through a third host): what relayed pairs arriving from the
+ * cable's other end, host nh, may hold in flight besides. */
+#define ENG_ROUND_HOLD(e, nh)                                                            \
+    (ENG_DETOUR_HOLD(e)                                                                  \
+     + (uint64_t) (e)->arrive_pairs_from[nh]                                             \
+           * ((e)->p.credit_window + ENG_MSG_COST(TB_ENGINE_MAX_MSG)))
 /* Relayed messages that came before this host's ranks gave the job's table
  * (they wait for it): at most this many bytes, then the neighbour is cut. */
 #define ENG_RELAY_EARLY (64u << 20)
@@ -114,6 +121,13 @@ enum { ENG_PH_DEVICES, ENG_PH_RANKS, ENG_PH_PEERS, ENG_PH_SOCKETS, ENG_PH_SLEEP,
 
 typedef struct eng_rank eng_rank_t;
 typedef struct eng_peer eng_peer_t;
+
+/* The way round one cable of the job: its hosts, from its end of lower
+ * index to the other (tb_topo_detour); len 0 when there is none. */
+typedef struct eng_detour {
+    uint8_t len;
+    uint8_t host[TB_TOPO_MAX_HOSTS];
+} eng_detour_t;
 
 /* A rank's SEND in flight in a channel, straight from its ring. */
 typedef struct eng_txrec {
@@ -297,6 +311,12 @@ struct eng_peer {
      * fwd_hold: how many messages at the head of fwd go before the peers
      * that go through this one may send again (tb_eng_peer_channel). */
     eng_peer_t *relay_to;
+    /* A neighbour whose cable failed with its way round through other
+     * hosts: what went over the cable for other hosts goes round it too,
+     * each message behind the flow's own relay header (relay[TB_ETAG_RELAY],
+     * naming the cable), from fwd; the routed peers that went through it
+     * send behind it the same way (tb_eng_peer_send_begin). */
+    bool tunnel;
     eng_msg_t *unsent_relay_head, *unsent_relay_tail;
     bool relay_unsent_lost;
     unsigned fwd_hold;
@@ -418,10 +438,24 @@ struct tb_engine {
     uint64_t unreach_told[TB_TOPO_MAX_HOSTS];
     /* Per neighbour host: the pairs of hosts that relay through it to here
      * and on (ENG_RELAY_HOLD). */
-    uint16_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
-    /* And the pairs whose cable may fail and go round through here: the
-     * neighbour and each other host cabled to both (ENG_RELAY_HOLD). */
-    uint16_t detour_pairs_from[TB_TOPO_MAX_HOSTS];
+    uint32_t relay_pairs_from[TB_TOPO_MAX_HOSTS];
+    /* And the flows of cables that may fail and go round through here, one
+     * per cable and way, from the neighbour before this engine on the way
+     * round, or from the neighbour itself when this engine is cabled to the
+     * far end too (ENG_RELAY_HOLD); what such a cable carries for other
+     * hosts goes round with it, and counts in relay_pairs_from. */
+    uint32_t detour_pairs_from[TB_TOPO_MAX_HOSTS];
+    /* Per neighbour host: every pair whose route reaches this engine from it,
+     * ending here or going on (what a failed cable's way round may bring
+     * before this end sees it fail: ENG_ROUND_HOLD). */
+    uint32_t arrive_pairs_from[TB_TOPO_MAX_HOSTS];
+    /* The way round each cable of the job (tb_topo_detour), by host and
+     * device, made with the table; the failed cables' flows this engine
+     * passed on (detour_seen[src][device], as relay headers name them),
+     * and those whose source was told the way is cut. */
+    eng_detour_t *detours;
+    uint8_t detour_seen[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_DEVS];
+    uint8_t detour_told[TB_TOPO_MAX_HOSTS][TB_TOPO_MAX_DEVS];
     /* Per pair of hosts (src, dst) whose route reaches this engine, passing
      * through or ending here: the neighbour it comes from, plus one (0 for
      * the other pairs), and this engine's device its cable ends on.  Every
@@ -539,6 +573,7 @@ static inline eng_msg_t *tb_eng_msg_pop(eng_msg_t **head, eng_msg_t **tail)
         if (NULL == *head) {
             *tail = NULL;
         }
+        m->next = NULL; /* appended elsewhere, it must not drag its old list along */
     }
     return m;
 }
@@ -624,8 +659,8 @@ void *tb_eng_peer_send_begin(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, size_
 int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct iovec *iov,
                       int iovcnt, void *cookie);
 /* p's cable failed (status, why): its traffic goes round it, over another
- * cable to the same host or through a host cabled to both, and what the
- * channel handed back goes again first.  False when there is no way round
+ * cable to the same host or along its way round through other hosts, and
+ * what the channel handed back goes again first.  False when there is no way round
  * (or p may not take one): p must fail. */
 bool tb_eng_peer_detour(eng_peer_t *p, int status, const char *why);
 /* What came round p's cable through relays while its channel stood: taken
@@ -637,6 +672,34 @@ void tb_eng_relay_recv(eng_peer_t *p, const void *data, size_t len);
 /* Neighbour q failed: what waited to go through it is dropped, and the ends
  * of what went through it are told (TB_ETAG_UNREACH). */
 void tb_eng_relay_lost(eng_peer_t *q, const char *why);
+/* The ways round the job's cables, made when the table comes, and the
+ * bounds they add to relaying (tb_engine_detour.c); freed with the table. */
+int tb_eng_detours_index(tb_engine_t *e);
+/* The host after at on the way round host h's cable on its device k,
+ * going toward host to (one of the cable's ends); -1 when at is not on it
+ * or is to. */
+int tb_eng_detour_next(const tb_engine_t *e, unsigned h, unsigned k, unsigned at, unsigned to);
+/* How a failed cable's message (relay header rh, naming it) from neighbour
+ * host nh comes: along the cable's way round, from the host before this one
+ * (ENG_ROUND_WAY); two hops through a host cabled to both ends, the way an
+ * end takes when the first hop of that way is down too (ENG_ROUND_SHORT:
+ * from the source, to a relay cabled to the far end, or to the far end from
+ * a host cabled to the source); or neither (0: a relay that sends it is cut). */
+enum { ENG_ROUND_WAY = 1, ENG_ROUND_SHORT = 2 };
+int tb_eng_detour_ok(const tb_engine_t *e, const tb_wire_erelay_t *rh, int nh);
+/* Another cable than host h's on device k joins its two hosts. */
+bool tb_eng_detour_other_cable(const tb_engine_t *e, unsigned h, unsigned k);
+/* The way round host s's cable on device k is cut here: its source s is
+ * told, once, along the way back (a notice in the flow of the cable's other
+ * end: TB_ETAG_UNREACH behind the relay header naming it). */
+void tb_eng_detour_cut(tb_engine_t *e, unsigned s, unsigned k, const char *why);
+/* Neighbour q (host qh) is lost: the ends of every failed cable's flow that
+ * went round through here over q's cable are told, those on this side. */
+void tb_eng_detour_lost(tb_engine_t *e, const eng_peer_t *q, unsigned qh, const char *why);
+/* Send a relayed message on (tb_engine_route.c): header rh, then blen bytes
+ * of body, copied; from, the neighbour it came from (NULL: this engine's). */
+void tb_eng_relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh,
+                      const void *body, size_t blen, eng_peer_t *from);
 /* q's failed channel handed back a RELAY message (iov NULL: one it could
  * not), kept in q->unsent_relay; _drop forgets what was not moved. */
 void tb_eng_relay_unsent(eng_peer_t *q, const struct iovec *iov, int iovcnt, size_t len);

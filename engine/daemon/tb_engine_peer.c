@@ -161,7 +161,8 @@ void tb_eng_peer_fail(eng_peer_t *p, int status, const char *why)
     drop_notices(p);
     drop_resends(p);
     tb_eng_round_drop(p);
-    if (!p->routed && NULL == p->via) {
+    if (!p->routed && (NULL == p->via || p->tunnel)) {
+        p->tunnel = false;
         tb_eng_relay_lost(p, text);
     }
     p->destroy = NULL != p->conn;
@@ -190,7 +191,8 @@ int tb_eng_peer_new_conn(eng_peer_t *p)
     int rc;
 
     tb_tunables_channel_params(&p->e->p.tunables, &params);
-    params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t) + sizeof(tb_wire_erelay_t);
+    /* Two relay headers: a routed peer's behind a failed cable's round it. */
+    params.max_msg_size = TB_ENGINE_MAX_MSG + sizeof(tb_wire_emsg_t) + 2 * sizeof(tb_wire_erelay_t);
     /* An engine always polls: a tenth of the peer timeout between keepalives
      * leaves ten chances, and an idle engine is not woken ten times a second
      * by its own and its peers' keepalives. */
@@ -231,12 +233,14 @@ static int peer_send(eng_peer_t *p, tb_channel_t *ch, eng_msg_t *m)
 tb_channel_t *tb_eng_peer_channel(eng_peer_t *p)
 {
     if (p->via) {
-        /* A routed peer's messages go over its first hop's channel (not if
-         * that hop's own cable failed: its channel is another way's), after
-         * what was moved there from a failed cable before them (fwd_hold).
-         * A flow that sent BACK waits for its cable (tb_engine_back.c). */
-        return ENG_PEER_CONNECTED == p->via->state && NULL == p->via->via
-                           && 0 == p->via->fwd_hold && !(p->back && p->back_sent)
+        /* A routed peer's messages go over its first hop's channel, or when
+         * that hop's own cable failed, round it with what the cable carried
+         * for other hosts (tunnel), after what was moved there from a failed
+         * cable before them (fwd_hold).  A flow that sent BACK waits for its
+         * cable (tb_engine_back.c). */
+        const eng_peer_t *v = p->via;
+        return ENG_PEER_CONNECTED == v->state && (NULL == v->via || (p->routed && v->tunnel))
+                           && 0 == v->fwd_hold && !(p->back && p->back_sent)
                    ? tb_eng_peer_channel(p->via)
                    : NULL;
     }
@@ -734,8 +738,8 @@ static void chan_send_done(void *ctx, void *cookie, int status)
 
 /* The channel failed: a message it may not have delivered, to send again
  * round the failed cable (tb_eng_peer_detour).  p's own flow, and what went
- * over the cable for other hosts (RELAY: it goes again only over another
- * cable to the same host). */
+ * over the cable for other hosts (RELAY: it goes with the flow, over another
+ * cable to the same host or round it; tb_engine_detour.c). */
 static void chan_unsent(void *ctx, uint8_t tag, const struct iovec *iov, int iovcnt, size_t len)
 {
     eng_peer_t *p = ctx;

@@ -51,26 +51,14 @@ static bool came_by_route(const tb_engine_t *e, unsigned src, unsigned dst, int 
 /* Each pair's route walked once (at most 64 x 64 routes of at most 64 hops),
  * when the table comes: where it reaches this engine from (arrive_from,
  * arrive_dev), and for each neighbour how many pairs it may pass to this
- * engine to be forwarded, which bounds what this engine holds for it. */
+ * engine to be forwarded, which bounds what this engine holds for it (the
+ * ways round failed cables add theirs: tb_eng_detours_index). */
 static void index_routes(tb_engine_t *e)
 {
     const tb_topo_t *t = e->topo;
 
     memset(e->relay_pairs_from, 0, sizeof(e->relay_pairs_from));
-    memset(e->detour_pairs_from, 0, sizeof(e->detour_pairs_from));
-    /* Each cable of a neighbour nh to a host d cabled to this one too may
-     * fail and go round through here (tb_eng_peer_detour). */
-    for (unsigned nh = 0; nh < t->nhosts; ++nh) {
-        if (nh == e->me || 1 != t->dist[e->me][nh]) {
-            continue;
-        }
-        for (unsigned k = 0; k < t->host[nh].ndev; ++k) {
-            unsigned d = t->peer[nh][k];
-            if (TB_TOPO_NONE != d && d != e->me && 1 == t->dist[e->me][d]) {
-                e->detour_pairs_from[nh]++;
-            }
-        }
-    }
+    memset(e->arrive_pairs_from, 0, sizeof(e->arrive_pairs_from));
     memset(e->arrive_from, 0, sizeof(e->arrive_from));
     memset(e->arrive_dev, 0, sizeof(e->arrive_dev));
     for (unsigned s = 0; s < t->nhosts; ++s) {
@@ -93,6 +81,7 @@ static void index_routes(tb_engine_t *e)
             }
             e->arrive_from[s][d] = (uint8_t) (prev + 1);
             e->arrive_dev[s][d] = t->peer_dev[prev][last_dev];
+            e->arrive_pairs_from[prev]++;
             if (d != e->me) {
                 e->relay_pairs_from[prev]++;
             }
@@ -190,6 +179,10 @@ int tb_eng_topo_set(tb_engine_t *e, const void *payload, size_t len)
     e->me = (unsigned) me;
     t = NULL;
     index_routes(e);
+    if (0 != tb_eng_detours_index(e)) {
+        TB_WARN("out of memory for the ways round the job's cables: a failed cable's traffic "
+                "goes round it only over another cable to the same host");
+    }
     log_routes(e);
     /* Every cable's far engine, dialled now: when a cable fails, the way
      * round it is then ready (set up only then, it took seconds on a busy
@@ -318,25 +311,41 @@ eng_peer_t *tb_eng_routed_peer(tb_engine_t *e, const uint8_t *id, const char **w
 
 /* ---- sending to a routed peer --------------------------------------------- */
 
+/* A routed peer whose first hop's cable failed goes round it behind that
+ * cable's flow header too (tunnel). */
+static const tb_wire_erelay_t *outer_header(const eng_peer_t *p)
+{
+    return p->routed && p->via->via ? &p->via->relay[TB_ETAG_RELAY] : NULL;
+}
+
 void *tb_eng_peer_send_begin(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, size_t len)
 {
+    const tb_wire_erelay_t *outer;
+    size_t hlen;
     uint8_t *slot;
 
     if (NULL == p->via) {
         return tb_channel_send_begin(ch, tag, len);
     }
-    slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, sizeof(tb_wire_erelay_t) + len);
+    outer = outer_header(p);
+    hlen = (outer ? 2 : 1) * sizeof(tb_wire_erelay_t);
+    slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, hlen + len);
     if (NULL == slot) {
         return NULL;
     }
-    memcpy(slot, &p->relay[tag], sizeof(tb_wire_erelay_t));
-    return slot + sizeof(tb_wire_erelay_t);
+    if (outer) {
+        memcpy(slot, outer, sizeof(tb_wire_erelay_t));
+    }
+    memcpy(slot + hlen - sizeof(tb_wire_erelay_t), &p->relay[tag], sizeof(tb_wire_erelay_t));
+    return slot + hlen;
 }
 
 int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct iovec *iov,
                       int iovcnt, void *cookie)
 {
-    struct iovec v[4];
+    const tb_wire_erelay_t *outer;
+    struct iovec v[5];
+    int n = 0;
 
     if (NULL == p->via) {
         return tb_channel_sendv(ch, tag, iov, iovcnt, cookie);
@@ -344,11 +353,15 @@ int tb_eng_peer_sendv(eng_peer_t *p, tb_channel_t *ch, uint8_t tag, const struct
     if (iovcnt < 0 || iovcnt > 3) {
         return TB_CHAN_EINVAL;
     }
-    /* The header lives as long as the peer, so as long as the send. */
-    v[0].iov_base = &p->relay[tag];
-    v[0].iov_len = sizeof(tb_wire_erelay_t);
-    memcpy(&v[1], iov, (size_t) iovcnt * sizeof(*iov));
-    return tb_channel_sendv(ch, TB_ETAG_RELAY, v, iovcnt + 1, cookie);
+    /* The headers live as long as the peers, so as long as the send. */
+    if (NULL != (outer = outer_header(p))) {
+        v[n].iov_base = (void *) outer;
+        v[n++].iov_len = sizeof(tb_wire_erelay_t);
+    }
+    v[n].iov_base = &p->relay[tag];
+    v[n++].iov_len = sizeof(tb_wire_erelay_t);
+    memcpy(&v[n], iov, (size_t) iovcnt * sizeof(*iov));
+    return tb_channel_sendv(ch, TB_ETAG_RELAY, v, iovcnt + n, cookie);
 }
 
 /* ---- relaying -------------------------------------------------------------- */
@@ -402,12 +415,18 @@ int tb_eng_fwd_drain(eng_peer_t *q)
     size_t taken = 0;
     int n = 0;
 
-    while (NULL != ch && ENG_PEER_CONNECTED == q->state && NULL == q->via && taken < ENG_TX_SHARE
-           && NULL != (m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
+    while (NULL != ch && ENG_PEER_CONNECTED == q->state && (NULL == q->via || q->tunnel)
+           && taken < ENG_TX_SHARE && NULL != (m = tb_eng_msg_pop(&q->fwd_head, &q->fwd_tail))) {
         size_t len = m->len; /* a send that fails the channel at once frees m */
+        /* Round a failed cable, behind its flow's header. */
+        struct iovec v[2] = {{.iov_base = &q->relay[TB_ETAG_RELAY],
+                              .iov_len = sizeof(tb_wire_erelay_t)},
+                             {.iov_base = m->data, .iov_len = m->len}};
         /* Off the queue before the channel has it: a send that fails q at
          * once (fwd_drop) must not free it under the channel. */
-        if (TB_CHAN_OK != tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m)) {
+        if (TB_CHAN_OK
+            != (q->via ? tb_channel_sendv(ch, TB_ETAG_RELAY, v, 2, m)
+                       : tb_channel_send(ch, TB_ETAG_RELAY, m->data, m->len, m))) {
             if (ENG_PEER_CONNECTED != q->state) {
                 tb_eng_relay_done(q->e, m);
             } else if (q->relay_to) {
@@ -430,15 +449,38 @@ int tb_eng_fwd_drain(eng_peer_t *q)
 
 static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char *why);
 
-/* Send a relayed message (header rh, then blen bytes of body) on toward
- * host dst; from: the neighbour it came from (NULL: this engine's own).  Its
- * bytes are copied: they lie in a receive buffer the channel reuses. */
-static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, const void *body,
-                      size_t blen, eng_peer_t *from)
+/* The next host for a relayed message to dst, and this engine's device to
+ * it: along the table's route, or for a failed cable's traffic (flow) along
+ * that cable's way round. */
+static int relay_next(const tb_engine_t *e, const tb_wire_erelay_t *rh, unsigned dst,
+                      unsigned *dev)
+{
+    int next;
+
+    if (0 == rh->flow) {
+        return tb_topo_next_hop(e->topo, e->me, dst, dev);
+    }
+    /* A host cabled to the far end is the last on the way (a shortest one),
+     * or took it from the source in two hops (ENG_ROUND_SHORT). */
+    next = 1 == e->topo->dist[e->me][dst]
+               ? (int) dst
+               : tb_eng_detour_next(e, tb_wire_le16(rh->src_host), rh->flow - 1u, e->me, dst);
+    for (unsigned d = 0; next >= 0 && d < e->topo->host[e->me].ndev; ++d) {
+        if (e->topo->peer[e->me][d] == (unsigned) next) {
+            *dev = d;
+            return next;
+        }
+    }
+    return -1;
+}
+
+void tb_eng_relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh,
+                      const void *body, size_t blen, eng_peer_t *from)
 {
     unsigned dev;
-    int next = tb_topo_next_hop(e->topo, e->me, dst, &dev);
+    int next = relay_next(e, rh, dst, &dev);
     eng_peer_t *q = next < 0 ? NULL : tb_eng_neighbour(e, (unsigned) next, dev);
+    size_t outer;
     tb_channel_t *ch;
     uint8_t *slot;
     eng_msg_t *m;
@@ -448,22 +490,31 @@ static void relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh, 
     }
     ch = q ? tb_eng_peer_channel(q) : NULL;
 
-    if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state || q->via) {
-        /* The way on is gone (or its cable is, and q's own traffic goes
-         * round it): the source hears it (once per pair), not only the
-         * pairs that were under way when it went. */
+    /* The way on is gone, or its cable is and what it carried for other
+     * hosts does not go round with it (one detour at a time: a failed
+     * cable's traffic does not go round another). */
+    if (NULL == q || ENG_PEER_FAILED == q->state || ENG_PEER_CLOSED == q->state
+        || (q->via && (!q->tunnel || rh->flow))) {
+        /* The source hears it (once per pair), not only the pairs that
+         * were under way when it went. */
         unsigned src = tb_wire_le16(rh->src_host);
-        if (from && TB_ETAG_UNREACH != rh->tag && src < TB_TOPO_MAX_HOSTS
-            && !(e->unreach_told[src] & (1ull << dst))) {
+        const char *why = NULL == q ? "no way on from a relay" : "the way on is lost";
+        if (from && TB_ETAG_UNREACH != rh->tag && rh->flow) {
+            tb_eng_detour_cut(e, src, rh->flow - 1u, why);
+        } else if (from && TB_ETAG_UNREACH != rh->tag && src < TB_TOPO_MAX_HOSTS
+                   && !(e->unreach_told[src] & (1ull << dst))) {
             e->unreach_told[src] |= 1ull << dst;
-            send_unreach(e, src, dst, NULL == q ? "no way on from a relay" : "the way on is lost");
+            send_unreach(e, src, dst, why);
         }
         return;
     }
+    outer = q->via ? sizeof(*rh) : 0;
     if (NULL == q->fwd_head && ENG_PEER_CONNECTED == q->state && ch
-        && NULL != (slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, sizeof(*rh) + blen))) {
-        memcpy(slot, rh, sizeof(*rh));
-        memcpy(slot + sizeof(*rh), body, blen);
+        && NULL
+               != (slot = tb_channel_send_begin(ch, TB_ETAG_RELAY, outer + sizeof(*rh) + blen))) {
+        memcpy(slot, &q->relay[TB_ETAG_RELAY], outer);
+        memcpy(slot + outer, rh, sizeof(*rh));
+        memcpy(slot + outer + sizeof(*rh), body, blen);
         (void) tb_channel_send_commit(ch);
         return;
     }
@@ -501,7 +552,7 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
     rh.hops_left = (uint8_t) e->topo->nhosts;
     body.u.host = tb_wire_le16((uint16_t) lost);
     memcpy(body.why, why, wlen);
-    relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
+    tb_eng_relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
 }
 
 eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p)
@@ -589,6 +640,8 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
     }
     if (w) {
         tb_eng_relay_redirect(q, w);
+    } else {
+        tb_eng_detour_lost(e, q, (unsigned) qh, why);
     }
     for (unsigned s = 0; s < e->topo->nhosts; ++s) {
         for (unsigned d = 0; d < e->topo->nhosts; ++d) {
@@ -668,9 +721,24 @@ static bool cable_gone(const eng_peer_t *p)
 static void round_in(eng_peer_t *p, eng_peer_t *n, bool by_src, uint8_t tag, const uint8_t *body,
                      size_t blen)
 {
+    tb_wire_erelay_t inner;
     tb_wire_emsg_t h;
 
-    if (!by_src && blen >= sizeof(h)) {
+    if (TB_ETAG_RELAY == tag) {
+        /* What the cable carried for other hosts, taken as come over it:
+         * never another failed cable's traffic (that does not go round a
+         * second one, and would let the far end pass for hosts on no way
+         * through it). */
+        if (blen >= sizeof(inner)) {
+            memcpy(&inner, body, sizeof(inner));
+        }
+        if (blen < sizeof(inner) || inner.flow) {
+            tb_eng_peer_fail(p, TB_CHAN_EPROTO, "a message round its failed cable carried "
+                                                "another failed cable's traffic");
+            return;
+        }
+    }
+    if (!by_src && TB_ETAG_RELAY != tag && blen >= sizeof(h)) {
         memcpy(&h, body, sizeof(h));
         if ((int32_t) (tb_wire_le32(h.seq) - p->rx_seq) > 0) {
             relay_violation(n, "detour out of sequence",
@@ -718,12 +786,28 @@ static void relay_arrived(eng_peer_t *n, int nh, const tb_wire_erelay_t *rh, con
             return;
         }
         memcpy(&u, body, sizeof(u));
+        if (rh->flow) {
+            /* The way round this end's failed cable is cut, at a host on
+             * it (tb_eng_detour_lost): src is the cable's other end. */
+            snprintf(text, sizeof(text), "its cable had failed, and the way round it is cut at "
+                     "host %u: %.*s", tb_wire_le16(u.host),
+                     (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
+                     (const char *) body + sizeof(u));
+            p = tb_eng_peer_for(e, e->topo->peer_dev[src][rh->flow - 1], e->topo->host[src].id,
+                                false);
+            if (p && !p->routed && p->via
+                && tb_eng_detour_next(e, src, rh->flow - 1u, tb_wire_le16(u.host), e->me) >= 0) {
+                tb_eng_peer_fail(p, TB_CHAN_ELINK, text);
+            }
+            return;
+        }
         snprintf(text, sizeof(text), "the route to it is cut at host %u: %.*s", src,
                  (int) (blen - sizeof(u) < 150 ? blen - sizeof(u) : 150),
                  (const char *) body + sizeof(u));
         /* Only a host on the way there can say the way is cut: one on the
          * table's route, or the one a failed cable's traffic goes round
-         * through. */
+         * through in two hops (ENG_ROUND_SHORT; on the cable's way round,
+         * notices come in the flow, above). */
         p = tb_wire_le16(u.host) < e->topo->nhosts && on_my_route(e, tb_wire_le16(u.host), src)
                 ? routed_find(e, tb_wire_le16(u.host))
                 : NULL;
@@ -751,11 +835,20 @@ static void relay_arrived(eng_peer_t *n, int nh, const tb_wire_erelay_t *rh, con
             || ENG_PEER_CLOSED == p->state) {
             return; /* never used, or failed here too: its ranks were told */
         }
+        if (TB_ETAG_RELAY == rh->tag && nh == (int) src) {
+            /* Over another cable to the same host it comes as relayed. */
+            relay_violation(n, "relay detour",
+                            "it sent what its failed cable carried for other hosts round it "
+                            "over another cable");
+            return;
+        }
         if (nh == (int) src || cable_gone(p)) {
             round_in(p, n, nh == (int) src, rh->tag, body, blen);
             return;
         }
-        if (p->round_cost + ENG_MSG_COST(blen) > ENG_DETOUR_HOLD(e)
+        if (p->round_cost + ENG_MSG_COST(blen)
+                > (tb_eng_detour_other_cable(e, src, rh->flow - 1u) ? ENG_DETOUR_HOLD(e)
+                                                                    : ENG_ROUND_HOLD(e, src))
             || NULL == (m = tb_eng_msg_new(0, rh->tag, (uint16_t) n->idx, 0, body, blen, NULL,
                                            0))) {
             relay_violation(n, "detour bound",
@@ -776,33 +869,12 @@ static void relay_arrived(eng_peer_t *n, int nh, const tb_wire_erelay_t *rh, con
     tb_eng_peer_recv(p, rh->tag, body, blen);
 }
 
-/* A failed cable's traffic (rh->flow: the cable is src's device flow - 1)
- * from neighbour nh goes one of the two ways tb_eng_peer_detour takes: here
- * from its source over another cable, or through one host cabled to both
- * ends, which took it from the source itself.  Its own messages only, no
- * notices of relays. */
-static bool detour_ok(const tb_engine_t *e, const tb_wire_erelay_t *rh, int nh)
-{
-    const tb_topo_t *t = e->topo;
-    unsigned src = tb_wire_le16(rh->src_host), dst = tb_wire_le16(rh->dst_host);
-    unsigned cable = rh->flow - 1u;
-
-    if (src >= t->nhosts || dst >= t->nhosts || cable >= t->host[src].ndev
-        || t->peer[src][cable] != dst || TB_ETAG_UNREACH == rh->tag || nh < 0) {
-        return false;
-    }
-    if (dst == e->me) {
-        return (unsigned) nh == src || 1 == t->dist[src][nh];
-    }
-    return (unsigned) nh == src && 1 == t->dist[e->me][dst];
-}
-
 void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
 {
     tb_engine_t *e = n->e;
     tb_wire_erelay_t rh;
     unsigned src, dst;
-    int nh;
+    int nh, way;
 
     if (len < sizeof(rh)) {
         relay_violation(n, "short relay", "it relayed a message shorter than its header");
@@ -834,7 +906,8 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
             return;
         }
     }
-    if (rh.flow && !detour_ok(e, &rh, nh)) {
+    way = rh.flow ? tb_eng_detour_ok(e, &rh, nh) : 0;
+    if (rh.flow && 0 == way) {
         relay_violation(n, "relay detour",
                         "it sent a failed cable's traffic a way that cable's ends do not take");
         return;
@@ -847,7 +920,7 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
     }
     if (src >= e->topo->nhosts || dst >= e->topo->nhosts || src == dst
         || rh.tag < TB_ETAG_DATA || rh.tag > (rh.flow ? TB_ETAG_BACK : TB_ETAG_UNREACH)
-        || TB_ETAG_RELAY == rh.tag
+        || (TB_ETAG_RELAY == rh.tag && 0 == rh.flow)
         || (0 == rh.flow && !(came_by_route(e, src, dst, nh, -1) && cabled_to(e, n->dev, nh)))) {
         relay_violation(n, "relay route",
                         "it relayed a message whose route does not come through it");
@@ -868,9 +941,18 @@ void tb_eng_relay_recv(eng_peer_t *n, const void *data, size_t len)
     }
     e->relayed_msgs++;
     e->relayed_bytes += len - sizeof(rh);
-    e->relayed_pairs[src] |= 1ull << dst;
+    if (ENG_ROUND_WAY == way) {
+        /* Told when the way is cut here (tb_eng_detour_lost), again after a
+         * restore and a new failure. */
+        e->detour_seen[src][rh.flow - 1] = 1;
+        e->detour_told[src][rh.flow - 1] = 0;
+    } else {
+        /* A pair, or two hops of a failed cable's flow: this engine is
+         * cabled to the far end, told as a pair's next hop. */
+        e->relayed_pairs[src] |= 1ull << dst;
+    }
     rh.hops_left--;
-    relay_out(e, dst, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh), n);
+    tb_eng_relay_out(e, dst, &rh, (const uint8_t *) data + sizeof(rh), len - sizeof(rh), n);
 }
 
 int tb_eng_routes_progress(tb_engine_t *e)
@@ -879,18 +961,22 @@ int tb_eng_routes_progress(tb_engine_t *e)
 
     for (unsigned i = 0; i < e->npeers; ++i) {
         eng_peer_t *p = e->peers[i], *via = p->via;
+        /* A routed peer may go round its first hop's failed cable with what
+         * that cable carried for other hosts (tunnel), not round two. */
+        bool round_ok = via && (NULL == via->via || (p->routed && via->tunnel));
         char why[160];
-        if (NULL == via) {
+        if (NULL == via || p->tunnel) {
             n += p->fwd_head ? tb_eng_fwd_drain(p) : 0;
+        }
+        if (NULL == via) {
             continue;
         }
-        if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state
-            && NULL == via->via) {
+        if (ENG_PEER_CONNECTING == p->state && ENG_PEER_CONNECTED == via->state && round_ok) {
             p->state = ENG_PEER_CONNECTED;
             p->credit_changed = true;
             p->ret_pending = true;
             ++n;
-        } else if ((ENG_PEER_FAILED == via->state || ENG_PEER_CLOSED == via->state || via->via)
+        } else if ((ENG_PEER_FAILED == via->state || ENG_PEER_CLOSED == via->state || !round_ok)
                    && (ENG_PEER_CONNECTING == p->state || ENG_PEER_CONNECTED == p->state)) {
             snprintf(why, sizeof(why), "%s, engine %02x%02x%02x%02x over %s, failed",
                      p->routed ? "its route's first hop" : "its cable had failed, and the way "
@@ -910,6 +996,8 @@ void tb_eng_routes_destroy(tb_engine_t *e)
         fwd_drop(e->peers[i]);
     }
     tb_eng_msg_free_all(&e->early_head, &e->early_tail);
+    free(e->detours);
+    e->detours = NULL;
     free(e->topo);
     free(e->hosts);
     e->topo = NULL;

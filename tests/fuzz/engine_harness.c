@@ -129,6 +129,47 @@ void eh_relay_table(eng_harness_t *h)
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
 }
 
+static int ring_entry_cmp(const void *a, const void *b)
+{
+    const tb_wire_ehost_t *x = a, *y = b;
+    int c = memcmp(x->engine_id, y->engine_id, sizeof(x->engine_id));
+
+    return c ? c : (int) x->dev - (int) y->dev;
+}
+
+void eh_ring_table(eng_harness_t *h)
+{
+    /* Host n's device 0 is the cable to host n - 1's device 1, except this
+     * engine's: its device 0 leads to peer 1, 1 to peer 3 (ids sort this
+     * engine first, then peers 1, 2, 3). */
+    static const unsigned host[8] = {0, 0, 1, 1, 2, 2, 3, 3}, dev[8] = {0, 1, 0, 1, 0, 1, 0, 1};
+    static const uint32_t addr[8] = {0x0a000101, 0x0a000402, 0x0a000102, 0x0a000201,
+                                     0x0a000202, 0x0a000301, 0x0a000302, 0x0a000401};
+    const uint8_t *ids[4];
+    tb_wire_ehost_t *ent = h->ring_table;
+
+    if (h->e->ndev < 2) {
+        eh_second_device(h);
+    }
+    ids[0] = h->e->id;
+    ids[1] = eh_peer_on(h, 1, 0)->id;
+    ids[2] = eh_peer_on(h, 2, 0)->id;
+    ids[3] = eh_peer_on(h, 3, 1)->id;
+    memset(h->ring_table, 0, sizeof(h->ring_table));
+    for (unsigned i = 0; i < 8; ++i) {
+        memcpy(ent[i].engine_id, ids[host[i]], sizeof(ent[i].engine_id));
+        ent[i].ipv4 = htonl(addr[i]);
+        ent[i].netmask = htonl(0xfffffffcu);
+        ent[i].cm_port = tb_wire_le16(4000);
+        ent[i].dev = (uint8_t) dev[i];
+    }
+    qsort(h->ring_table, 8, sizeof(h->ring_table[0]), ring_entry_cmp);
+    h->dev.ipv4.s_addr = htonl(addr[0]);
+    h->dev.netmask.s_addr = htonl(0xfffffffcu);
+    h->dev2.ipv4.s_addr = htonl(addr[1]);
+    h->dev2.netmask.s_addr = htonl(0xfffffffcu);
+}
+
 void eh_second_device(eng_harness_t *h)
 {
     tb_engine_t *e = h->e;

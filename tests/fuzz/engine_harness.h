@@ -28,6 +28,7 @@ typedef struct eng_harness {
     tb_shm_ring_t from_engine[EH_RANKS];
     uint32_t last_pid; /* of the last record eh_rank_read counted */
     tb_wire_ehost_t relay_table[4]; /* a job's table of hosts, for tests of relaying */
+    tb_wire_ehost_t ring_table[8];  /* a ring of four (eh_ring_table) */
 } eng_harness_t;
 
 /* An engine with default parameters and ranks of vpids 0..EH_RANKS-1
@@ -44,6 +45,13 @@ eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev);
  * peer 2 (this engine is host 0, peer 1 host 1, peer 2 host 2), in
  * h->relay_table; the harness's device gets its address on it. */
 void eh_relay_table(eng_harness_t *h);
+
+/* The job's table of hosts for a ring of four, this engine (host 0) - peer 1
+ * - peer 2 - peer 3 - this engine, one cable per pair (10.0.1.0/30 to
+ * 10.0.4.0/30 in that order), in h->ring_table: peer 1 on device 0, peer 3
+ * on a second device the engine gains (eh_second_device); both devices get
+ * their addresses on it. */
+void eh_ring_table(eng_harness_t *h);
 
 /* The engine gets a second device (fake1, its index 1), with no address yet. */
 void eh_second_device(eng_harness_t *h);

@@ -5,11 +5,15 @@
  * ring, a peer engine sends a message (any tag, header and payload), a peer
  * engine's message is placed in a rank's ring as its channel would (begun,
  * another peer's message meanwhile, then finished or its channel gone), a
- * rank reads what the engine wrote it, or the engine makes a pass.  After every
+ * rank reads what the engine wrote it, a peer's cable fails (what its channel
+ * hands back, then the way round it, or the peer fails), or the engine makes
+ * a pass.  The job's table is a line of three or a ring of four (where failed
+ * cables go round through other hosts).  After every
  * step the bounds on what the engine holds are checked (eh_check): the
  * sanitizers find memory faults, the check finds memory that grows.
  *
- * Input: steps, each an opcode byte and its operands (see below).
+ * Input: a byte choosing the table, then steps, each an opcode byte and its
+ * operands (see below).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -20,6 +24,11 @@
 #include "fuzz_common.h"
 
 #define PEERS 2
+
+/* The peers a step may pick: peers 1 and 2 over device 0 on the line; on
+ * the ring, this engine's two neighbours, peers 1 and 3. */
+static eng_peer_t *peers[PEERS];
+static bool ring;
 
 static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
 {
@@ -43,7 +52,7 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
             memcpy(rt.engine_id, h->e->id, sizeof(rt.engine_id));
             break;
         case 1:
-            memcpy(rt.engine_id, eh_peer(h, 1 + rt.reserved2 % 2)->id, sizeof(rt.engine_id));
+            memcpy(rt.engine_id, peers[rt.reserved2 % PEERS]->id, sizeof(rt.engine_id));
             break;
         default:
             break;
@@ -54,9 +63,15 @@ static void rank_writes(eng_harness_t *h, fuzz_in_t *in)
         memcpy(buf, &rt, sizeof(rt));
     } else if (TB_EREC_HOSTS == type && (fuzz_u8(in) & 1)) {
         /* Mostly the job's true table, so that routes and relaying run. */
-        eh_relay_table(h);
-        len = sizeof(h->relay_table);
-        memcpy(buf, h->relay_table, len);
+        if (ring) {
+            eh_ring_table(h);
+            len = sizeof(h->ring_table);
+            memcpy(buf, h->ring_table, len);
+        } else {
+            eh_relay_table(h);
+            len = sizeof(h->relay_table);
+            memcpy(buf, h->relay_table, len);
+        }
     } else {
         (void) fuzz_bytes(in, buf, len);
     }
@@ -96,12 +111,30 @@ static size_t peer_message(fuzz_in_t *in, const eng_peer_t *p, uint8_t *tag_out,
     len = TB_ETAG_CREDIT == tag || TB_ETAG_BACK == tag || TB_ETAG_BACK_OK == tag ? 0 : len;
     (void) fuzz_bytes(in, buf + sizeof(m), len);
     *tag_out = tag;
+    if (TB_ETAG_RELAY == tag && (fuzz_u8(in) & 1)) {
+        /* A relay header with the table's digest and hosts in it, often a
+         * failed cable's flow, in front of the message, so that the checks
+         * on routes and ways round are reached. */
+        tb_wire_erelay_t rh;
+        size_t total = sizeof(m) + len;
+        memset(&rh, 0, sizeof(rh));
+        rh.digest = tb_wire_le32(p->e->topo ? p->e->topo->digest : 0);
+        rh.src_host = tb_wire_le16(fuzz_u8(in) % 5);
+        rh.dst_host = tb_wire_le16(fuzz_u8(in) % 5);
+        rh.tag = (uint8_t) (TB_ETAG_DATA + fuzz_u8(in) % TB_ETAG_BACK);
+        rh.hops_left = fuzz_u8(in) % 5;
+        rh.flow = fuzz_u8(in) % 3;
+        total = total + sizeof(rh) > sizeof(tb_wire_emsg_t) + 512 ? total - sizeof(rh) : total;
+        memmove(buf + sizeof(rh), buf, total);
+        memcpy(buf, &rh, sizeof(rh));
+        return total + sizeof(rh);
+    }
     return sizeof(m) + len;
 }
 
 static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
 {
-    eng_peer_t *p = eh_peer(h, 1 + fuzz_u8(in) % PEERS);
+    eng_peer_t *p = peers[fuzz_u8(in) % PEERS];
     uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag;
     size_t len = peer_message(in, p, &tag, buf);
 
@@ -113,7 +146,7 @@ static void peer_sends(eng_harness_t *h, fuzz_in_t *in)
 static void peer_places(eng_harness_t *h, fuzz_in_t *in)
 {
     unsigned n = fuzz_u8(in) % PEERS;
-    eng_peer_t *p = eh_peer(h, 1 + n), *other = eh_peer(h, 1 + (n + 1) % PEERS);
+    eng_peer_t *p = peers[n], *other = peers[(n + 1) % PEERS];
     uint8_t buf[sizeof(tb_wire_emsg_t) + 512], tag, *at;
     size_t len = peer_message(in, p, &tag, buf), skip = 0;
     uint8_t head[TB_CHAN_PLACE_HEAD];
@@ -142,6 +175,29 @@ static void peer_places(eng_harness_t *h, fuzz_in_t *in)
     }
 }
 
+/* A peer's cable fails as its channel says: it hands back messages the far
+ * end may not have (relayed ones, as the engine sent them on), then the
+ * engine goes round the cable or fails the peer. */
+static void cable_fails(fuzz_in_t *in)
+{
+    eng_peer_t *p = peers[fuzz_u8(in) % PEERS];
+    unsigned n = fuzz_u8(in) % 4;
+    uint8_t buf[sizeof(tb_wire_emsg_t) + 512 + sizeof(tb_wire_erelay_t)], tag;
+
+    if (ENG_PEER_CONNECTED != p->state) {
+        return;
+    }
+    while (n--) {
+        struct iovec iov = {.iov_base = buf};
+        iov.iov_len = peer_message(in, p, &tag, buf);
+        tb_eng_relay_unsent(p, &iov, 1, iov.iov_len);
+    }
+    if (!tb_eng_peer_detour(p, fuzz_u8(in) & 1 ? TB_CHAN_ELINK : TB_CHAN_EPEERDEAD, "fuzz")) {
+        tb_eng_peer_fail(p, TB_CHAN_ELINK, "fuzz: the cable failed");
+    }
+    tb_eng_relay_unsent_drop(p);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int quiet;
@@ -155,10 +211,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FUZZ_ASSERT(0 == eh_init(&h), "the harness could not be set up");
     fuzz_in_init(&in, data, size);
+    ring = fuzz_u8(&in) & 1;
+    if (ring) {
+        eh_ring_table(&h);
+        peers[0] = eh_peer_on(&h, 1, 0);
+        peers[1] = eh_peer_on(&h, 3, 1);
+    } else {
+        peers[0] = eh_peer(&h, 1);
+        peers[1] = eh_peer(&h, 2);
+    }
     for (unsigned step = 0; in.left > 0 && step < 2000; ++step) {
         uint8_t op = fuzz_u8(&in);
         unsigned n;
-        switch (op % 5) {
+        switch (op % 6) {
         case 0:
             rank_writes(&h, &in);
             break;
@@ -167,6 +232,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         case 4:
             peer_places(&h, &in);
+            break;
+        case 5:
+            cable_fails(&in);
             break;
         case 2:
             n = fuzz_u8(&in);

@@ -876,6 +876,21 @@ static unsigned queued(const eng_peer_t *q)
     return n;
 }
 
+/* The last message queued for q is a notice that a way round is cut at host
+ * at, in the flow of src's cable (flow) toward dst. */
+static void check_notice(const eng_peer_t *q, unsigned src, unsigned dst, unsigned flow,
+                         unsigned at)
+{
+    unsigned host = 99;
+    tb_wire_erelay_t rh = queued_last(q, &host);
+
+    ck_assert_uint_eq(rh.tag, TB_ETAG_UNREACH);
+    ck_assert_uint_eq(rh.flow, flow);
+    ck_assert_uint_eq(tb_wire_le16(rh.src_host), src);
+    ck_assert_uint_eq(tb_wire_le16(rh.dst_host), dst);
+    ck_assert_uint_eq(host, at);
+}
+
 /* Messages that come for a way on already lost are not dropped in silence:
  * their source hears, once per pair. */
 START_TEST(relay_way_on_gone)
@@ -1065,35 +1080,38 @@ static int ehost_cmp(const void *a, const void *b)
     return c ? c : (int) x->dev - (int) y->dev;
 }
 
-/* A triangle: this engine's device 0 to peer 1's device 0 (10.0.1.0/30), its
- * device 1 to peer 2's device 0 (10.0.2.0/30), peer 1's device 1 to peer 2's
- * device 1 (10.0.3.0/30); *b and *c the peers over devices 0 and 1, and in
- * hb, hc and *me the hosts' indices. */
-/* Six cable ends, end i on device dev[i] of host ids[i] at addr[i] (each
- * /30 a cable), given to h's engine as the job's table: the engine's own
- * two devices are the first two.  Its topology in t. */
-static void give_table(eng_harness_t *h, const uint8_t *const ids[6], const uint32_t addr[6],
-                       const uint8_t dev[6], tb_topo_t *t)
+/* n cable ends (six for give_table), end i on device dev[i] of host ids[i]
+ * at addr[i] (each /30 a cable), given to h's engine as the job's table:
+ * the engine's own two devices are the first two.  Its topology in t. */
+static void give_table_n(eng_harness_t *h, unsigned n, const uint8_t *const *ids,
+                         const uint32_t *addr, const uint8_t *dev, tb_topo_t *t)
 {
-    tb_wire_ehost_t table[6];
+    tb_wire_ehost_t table[10];
     const char *why = NULL;
 
+    ck_assert_uint_le(n, 10);
     memset(table, 0, sizeof(table));
-    for (unsigned i = 0; i < 6; ++i) {
+    for (unsigned i = 0; i < n; ++i) {
         memcpy(table[i].engine_id, ids[i], sizeof(table[i].engine_id));
         table[i].ipv4 = htonl(addr[i]);
         table[i].netmask = htonl(0xfffffffcu);
         table[i].cm_port = tb_wire_le16(4000);
         table[i].dev = dev[i];
     }
-    qsort(table, 6, sizeof(table[0]), ehost_cmp);
+    qsort(table, n, sizeof(table[0]), ehost_cmp);
     h->dev.ipv4.s_addr = htonl(addr[0]);
     h->dev.netmask.s_addr = htonl(0xfffffffcu);
     h->dev2.ipv4.s_addr = htonl(addr[1]);
     h->dev2.netmask.s_addr = htonl(0xfffffffcu);
-    ck_assert_int_eq(tb_eng_topo_set(h->e, table, sizeof(table)), 0);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, table, n * sizeof(table[0])), 0);
     ck_assert_ptr_nonnull(h->e->topo);
-    ck_assert_int_eq(tb_ehosts_topo(table, 6, t, &why), 0);
+    ck_assert_int_eq(tb_ehosts_topo(table, n, t, &why), 0);
+}
+
+static void give_table(eng_harness_t *h, const uint8_t *const ids[6], const uint32_t addr[6],
+                       const uint8_t dev[6], tb_topo_t *t)
+{
+    give_table_n(h, 6, ids, addr, dev, t);
 }
 
 /* The triangle's table given to the engine, peers 1 and 2 being the engines
@@ -1111,6 +1129,10 @@ static void triangle_table(eng_harness_t *h, const uint8_t *idb, const uint8_t *
     *hc = (unsigned) tb_topo_find(t, idc);
 }
 
+/* A triangle: this engine's device 0 to peer 1's device 0 (10.0.1.0/30), its
+ * device 1 to peer 2's device 0 (10.0.2.0/30), peer 1's device 1 to peer 2's
+ * device 1 (10.0.3.0/30); *b and *c the peers over devices 0 and 1, and in
+ * hb, hc and *me the hosts' indices. */
 static void triangle(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t *t,
                      unsigned *hb, unsigned *hc)
 {
@@ -1254,7 +1276,10 @@ START_TEST(detour_forwarded)
     /* Its cable to this engine does not lead to peer 2. */
     detour_from(b, &t, hb, hc, 1, 2);
     ck_assert_int_eq(b->state, ENG_PEER_FAILED);
-    ck_assert_uint_eq(queued(c), 2);
+    /* The way round b's cable to c is cut here: c, the end on this side,
+     * is told in b's flow (tb_eng_detour_lost), naming this engine. */
+    ck_assert_uint_eq(queued(c), 3);
+    check_notice(c, hb, hc, 2, h.e->me);
     eh_fini(&h);
 }
 END_TEST
@@ -1418,6 +1443,268 @@ START_TEST(relay_moves_with_cable)
 }
 END_TEST
 
+/* A ring of four: this engine (host 0) - peer 1 - peer 2 - peer 3 - this
+ * engine, one cable per pair (10.0.1.0/30, .2, .3, .4); *b is peer 1 over
+ * device 0, *c peer 3 over device 1. */
+static void ring_of_four(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_topo_t *t)
+{
+    const char *why = NULL;
+
+    (void) setup(h);
+    eh_ring_table(h);
+    *b = eh_peer_on(h, 1, 0);
+    *c = eh_peer_on(h, 3, 1);
+    ck_assert_int_eq(tb_eng_topo_set(h->e, h->ring_table, sizeof(h->ring_table)), 0);
+    ck_assert_ptr_nonnull(h->e->topo);
+    ck_assert_int_eq(tb_ehosts_topo(h->ring_table, 8, t, &why), 0);
+    ck_assert_uint_eq(t->nhosts, 4);
+    ck_assert_uint_eq(h->e->me, 0);
+    ck_assert_uint_eq(t->peer[1][1], 2);
+    ck_assert_uint_eq(t->peer[3][1], 0);
+}
+
+/* A relay header (src, dst, tag, flow) then body, as neighbour n sends it. */
+static void round_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
+                      unsigned flow, uint8_t tag, const void *body, size_t blen)
+{
+    uint8_t buf[sizeof(tb_wire_erelay_t) + 256];
+    tb_wire_erelay_t rh;
+
+    ck_assert_uint_le(blen, 256);
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16((uint16_t) dst);
+    rh.tag = tag;
+    rh.hops_left = 4;
+    rh.flow = (uint8_t) flow;
+    memcpy(buf, &rh, sizeof(rh));
+    memcpy(buf + sizeof(rh), body, blen);
+    tb_eng_peer_recv(n, TB_ETAG_RELAY, buf, sizeof(rh) + blen);
+}
+
+/* On a ring of four, the cable to peer 1 fails: its way round goes through
+ * peers 3 and 2, and so does what it carried for other hosts: what its
+ * channel handed back first, in order (another failed cable's flow among
+ * it is dropped: it does not go round a second), then what comes for it;
+ * the routed peer to host 2 that went through it stays up, held until those
+ * went.  Another failed cable's flow that would go round it tells its
+ * source.  What comes round it from peer 1 for other hosts is taken as come
+ * over the cable and sent on.  A notice that the way round is cut, from a
+ * host on it, ends the flow and the routed peer. */
+START_TEST(ring_cable_goes_round)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c, *r = NULL;
+    tb_topo_t t;
+    uint8_t inner[sizeof(tb_wire_erelay_t) + 1];
+    tb_wire_erelay_t ih;
+    tb_wire_eunreach_t u;
+
+    ring_of_four(&h, &b, &c, &t);
+    memset(relay_seq, 0, sizeof(relay_seq));
+    relay_from(b, 2, t.digest);
+    eh_progress(&h);
+    for (unsigned i = 0; i < h.e->npeers; ++i) {
+        r = h.e->peers[i]->routed ? h.e->peers[i] : r;
+    }
+    ck_assert_ptr_nonnull(r);
+    ck_assert_ptr_eq(r->via, b);
+    hand_back(b, &t, 'a');
+    hand_back(b, &t, 'b');
+    {
+        /* Peer 2's cable to peer 3 had failed, its flow coming round
+         * through here toward peer 1: handed back last, it is dropped
+         * without leaving the queue pointing at it. */
+        uint8_t buf[sizeof(tb_wire_erelay_t) + 1] = {0};
+        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+        tb_wire_erelay_t rh;
+        memset(&rh, 0, sizeof(rh));
+        rh.digest = tb_wire_le32(t.digest);
+        rh.src_host = tb_wire_le16(2);
+        rh.dst_host = tb_wire_le16(3);
+        rh.tag = TB_ETAG_DATA;
+        rh.flow = 2;
+        memcpy(buf, &rh, sizeof(rh));
+        tb_eng_relay_unsent(b, &iov, 1, sizeof(buf));
+    }
+    ck_assert(tb_eng_peer_detour(b, TB_CHAN_ELINK, "test: link down"));
+    ck_assert_ptr_eq(b->via, c);
+    ck_assert(b->tunnel);
+    ck_assert_ptr_null(b->relay_to);
+    ck_assert_uint_eq(queued(b), 2);
+    ck_assert_uint_eq(b->fwd_hold, 2);
+    ck_assert_int_eq(b->fwd_head->data[sizeof(tb_wire_erelay_t)], 'a');
+    ck_assert_int_eq(b->fwd_tail->data[sizeof(tb_wire_erelay_t)], 'b');
+    ck_assert_ptr_null(b->fwd_tail->next);
+    ck_assert_uint_eq(b->relay[TB_ETAG_RELAY].flow, 1);
+    ck_assert_uint_eq(b->relay[TB_ETAG_RELAY].tag, TB_ETAG_RELAY);
+    eh_progress(&h);
+    ck_assert_int_eq(r->state, ENG_PEER_CONNECTED);
+
+    /* Host 3's message for host 1 comes through here: it goes round too. */
+    relay_through(c, &t, 3, 1, 3, 'z', 8);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(b), 3);
+    ck_assert_int_eq(b->fwd_tail->data[sizeof(tb_wire_erelay_t)], 'z');
+
+    /* Peer 3's cable to peer 2 failed, its flow coming round (2, 1, here,
+     * 3) from peer 3: its way on goes round b's, which it cannot: peer 3
+     * is told, in peer 2's flow toward it, naming this engine. */
+    ck_assert_int_eq(tb_eng_detour_next(h.e, 3, 0, 0, 2), 1);
+    detour_msg(c, &t, 3, 2, 1, TB_ETAG_DATA, 0, 0);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(b), 3);
+    ck_assert_uint_eq(queued(c), 1);
+    check_notice(c, 2, 3, 2, 0);
+
+    /* Round b's cable from peer 1 (through 2 and 3): host 1's message for
+     * host 3, taken as come over the cable and sent on. */
+    memset(&ih, 0, sizeof(ih));
+    ih.digest = tb_wire_le32(t.digest);
+    ih.src_host = tb_wire_le16(1);
+    ih.dst_host = tb_wire_le16(3);
+    ih.tag = TB_ETAG_DATA;
+    ih.hops_left = 3;
+    memcpy(inner, &ih, sizeof(ih));
+    inner[sizeof(ih)] = 'q';
+    round_msg(c, &t, 1, 0, 1, TB_ETAG_RELAY, inner, sizeof(inner));
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(c), 2);
+    ck_assert_int_eq(c->fwd_tail->data[sizeof(tb_wire_erelay_t)], 'q');
+
+    /* A notice naming a host not on the way round, or this end, changes
+     * nothing; one from host 2, on it, ends b's flow and the routed peer
+     * behind it. */
+    memset(&u, 0, sizeof(u));
+    u.host = tb_wire_le16(7);
+    round_msg(c, &t, 1, 0, 1, TB_ETAG_UNREACH, &u, sizeof(u));
+    u.host = tb_wire_le16(0);
+    round_msg(c, &t, 1, 0, 1, TB_ETAG_UNREACH, &u, sizeof(u));
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    u.host = tb_wire_le16(2);
+    round_msg(c, &t, 1, 0, 1, TB_ETAG_UNREACH, &u, sizeof(u));
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    eh_progress(&h);
+    ck_assert_int_eq(r->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* What comes round a failed cable for other hosts never carries another
+ * failed cable's traffic (the far end could pass it off for hosts on no way
+ * through it, or nest it without end): the flow fails.  And it comes round
+ * only through other hosts: the source sending it over another cable to the
+ * same host is cut. */
+START_TEST(round_carries_no_round)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c, *b0, *b1, *r;
+    tb_topo_t t;
+    tb_wire_erelay_t ih;
+
+    ring_of_four(&h, &b, &c, &t);
+    ck_assert(tb_eng_peer_detour(b, TB_CHAN_ELINK, "test: link down"));
+    memset(&ih, 0, sizeof(ih));
+    ih.digest = tb_wire_le32(t.digest);
+    /* Host 2's cable to host 3, whose way round (2, 1, here, 3) comes from
+     * host 1: it would pass for it. */
+    ih.src_host = tb_wire_le16(2);
+    ih.dst_host = tb_wire_le16(3);
+    ih.tag = TB_ETAG_DATA;
+    ih.hops_left = 3;
+    ih.flow = 2;
+    round_msg(c, &t, 1, 0, 1, TB_ETAG_RELAY, &ih, sizeof(ih));
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(c), 0);
+    eh_fini(&h);
+
+    double_line(&h, &b0, &b1, &r, &t);
+    ih.src_host = tb_wire_le16(1);
+    ih.dst_host = tb_wire_le16(2);
+    ih.flow = 0;
+    round_msg(b1, &t, 1, 0, 1, TB_ETAG_RELAY, &ih, sizeof(ih));
+    ck_assert_int_eq(b1->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* A diamond: peer 1 (host 0) cabled to peer 2 (host 1), peer 3 (host 2) and
+ * this engine's device 0, which sorts last (host 3); peer 3 and this
+ * engine's device 1 cabled to peer 2.  Peer 1's cable to peer 2 goes round
+ * through peer 3; when that host's cables are down too, its end goes
+ * through this one, in two hops (ENG_ROUND_SHORT): taken from the source
+ * and passed to the far end, noted as a pair it carries; the same from the
+ * far end's side, not from its source, cuts it. */
+START_TEST(detour_short_fallback)
+{
+    static const uint32_t addr[10] = {0x0a000402, 0x0a000501, 0x0a000101, 0x0a000201,
+                                      0x0a000401, 0x0a000102, 0x0a000302, 0x0a000502,
+                                      0x0a000202, 0x0a000301};
+    static const uint8_t dev[10] = {0, 1, 0, 1, 2, 0, 1, 2, 0, 1};
+    const uint8_t *ids[10];
+    eng_harness_t h;
+    eng_peer_t *a, *b;
+    tb_topo_t t;
+    uint8_t path[TB_TOPO_MAX_HOSTS];
+
+    (void) setup(&h);
+    eh_second_device(&h);
+    h.e->id[0] = 'z';
+    a = eh_peer_on(&h, 1, 0);
+    b = eh_peer_on(&h, 2, 1);
+    ids[0] = ids[1] = h.e->id;
+    ids[2] = ids[3] = ids[4] = a->id;
+    ids[5] = ids[6] = ids[7] = b->id;
+    ids[8] = ids[9] = eh_peer_on(&h, 3, 0)->id;
+    give_table_n(&h, 10, ids, addr, dev, &t);
+    ck_assert_uint_eq(h.e->me, 3);
+    ck_assert_uint_eq(t.peer[0][0], 1);
+    ck_assert_uint_eq(tb_topo_detour(&t, 0, 0, path), 3);
+    ck_assert_uint_eq(path[1], 2);
+    detour_from(a, &t, 0, 1, 1, 0);
+    ck_assert_int_eq(a->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(b), 1);
+    ck_assert(h.e->relayed_pairs[0] & (1ull << 1));
+    detour_from(b, &t, 1, 0, 1, 0); /* the far end's own flow the other way */
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(a), 1);
+    detour_from(b, &t, 0, 1, 1, 1);
+    ck_assert_int_eq(b->state, ENG_PEER_FAILED);
+    eh_fini(&h);
+}
+END_TEST
+
+/* In the middle of a way round of three hops (peer 1's cable to peer 2
+ * goes round by 1, here, 3, 2): its flow is taken from the host before
+ * this one and passed on to the next; the same from the other side cuts
+ * that neighbour, and the source, on this side, is told its way is cut
+ * here. */
+START_TEST(ring_detour_middle)
+{
+    eng_harness_t h;
+    eng_peer_t *b, *c;
+    tb_topo_t t;
+
+    ring_of_four(&h, &b, &c, &t);
+    detour_from(b, &t, 1, 2, 2, 0);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(c), 1);
+    ck_assert_uint_eq(h.e->relayed_msgs, 1);
+    detour_from(b, &t, 1, 2, 2, 1);
+    ck_assert_uint_eq(queued(c), 2);
+    detour_from(c, &t, 1, 2, 2, 2);
+    ck_assert_int_eq(c->state, ENG_PEER_FAILED);
+    ck_assert_int_eq(b->state, ENG_PEER_CONNECTED);
+    ck_assert_uint_eq(queued(b), 1);
+    check_notice(b, 2, 1, 1, 0);
+    eh_fini(&h);
+}
+END_TEST
+
 /* A failed cable that works again: the end with the lower engine id dials
  * it; the far end's BACK of this try, come round in its flow's order, is
  * answered (BACK_OK owed), one of an earlier try is not, and what follows
@@ -1555,6 +1842,10 @@ int main(void)
     tcase_add_test(tc, detour_forwarded);
     tcase_add_test(tc, detour_taken);
     tcase_add_test(tc, relay_moves_with_cable);
+    tcase_add_test(tc, ring_cable_goes_round);
+    tcase_add_test(tc, ring_detour_middle);
+    tcase_add_test(tc, round_carries_no_round);
+    tcase_add_test(tc, detour_short_fallback);
     tcase_add_test(tc, back_moves_flow);
     tcase_add_test(tc, neighbours_dialled);
     suite_add_tcase(s, tc);
