@@ -184,24 +184,8 @@ static void detour_tell(tb_engine_t *e, unsigned s, unsigned k, unsigned to, con
     const tb_topo_t *t = e->topo;
     unsigned other = to == s ? t->peer[s][k] : s;
     unsigned other_dev = to == s ? t->peer_dev[s][k] : k;
-    struct {
-        tb_wire_eunreach_t u;
-        char why[160];
-    } __attribute__((packed)) body;
-    size_t wlen = strlen(why) < sizeof(body.why) ? strlen(why) : sizeof(body.why);
-    tb_wire_erelay_t rh;
 
-    memset(&rh, 0, sizeof(rh));
-    memset(&body, 0, sizeof(body));
-    rh.digest = tb_wire_le32(t->digest);
-    rh.src_host = tb_wire_le16((uint16_t) other);
-    rh.dst_host = tb_wire_le16((uint16_t) to);
-    rh.tag = TB_ETAG_UNREACH;
-    rh.hops_left = (uint8_t) t->nhosts;
-    rh.flow = (uint8_t) (other_dev + 1);
-    body.u.host = tb_wire_le16((uint16_t) e->me);
-    memcpy(body.why, why, wlen);
-    tb_eng_relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
+    tb_eng_notice_send(e, other, to, other_dev + 1, e->me, why);
 }
 
 void tb_eng_detour_cut(tb_engine_t *e, unsigned s, unsigned k, const char *why)

@@ -696,6 +696,11 @@ void tb_eng_detour_cut(tb_engine_t *e, unsigned s, unsigned k, const char *why);
 /* Neighbour q (host qh) is lost: the ends of every failed cable's flow that
  * went round through here over q's cable are told, those on this side. */
 void tb_eng_detour_lost(tb_engine_t *e, const eng_peer_t *q, unsigned qh, const char *why);
+/* A notice that a way is cut (TB_ETAG_UNREACH), relayed from this engine to
+ * host to as from host src (itself, or a failed cable's other end: flow,
+ * that end's device + 1, or 0), naming host named and why. */
+void tb_eng_notice_send(tb_engine_t *e, unsigned src, unsigned to, unsigned flow, unsigned named,
+                        const char *why);
 /* Send a relayed message on (tb_engine_route.c): header rh, then blen bytes
  * of body, copied; from, the neighbour it came from (NULL: this engine's). */
 void tb_eng_relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh,

@@ -533,8 +533,8 @@ void tb_eng_relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh,
     (void) tb_eng_fwd_drain(q);
 }
 
-/* Tell host to that this engine cannot reach host lost, once per pair. */
-static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char *why)
+void tb_eng_notice_send(tb_engine_t *e, unsigned src, unsigned to, unsigned flow, unsigned named,
+                        const char *why)
 {
     struct {
         tb_wire_eunreach_t u;
@@ -546,13 +546,20 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
     memset(&rh, 0, sizeof(rh));
     memset(&body, 0, sizeof(body));
     rh.digest = tb_wire_le32(e->topo->digest);
-    rh.src_host = tb_wire_le16((uint16_t) e->me);
+    rh.src_host = tb_wire_le16((uint16_t) src);
     rh.dst_host = tb_wire_le16((uint16_t) to);
     rh.tag = TB_ETAG_UNREACH;
     rh.hops_left = (uint8_t) e->topo->nhosts;
-    body.u.host = tb_wire_le16((uint16_t) lost);
+    rh.flow = (uint8_t) flow;
+    body.u.host = tb_wire_le16((uint16_t) named);
     memcpy(body.why, why, wlen);
     tb_eng_relay_out(e, to, &rh, &body, sizeof(body.u) + wlen, NULL);
+}
+
+/* Tell host to that this engine cannot reach host lost, once per pair. */
+static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char *why)
+{
+    tb_eng_notice_send(e, e->me, to, 0, lost, why);
 }
 
 eng_peer_t *tb_eng_relay_end(eng_peer_t *w, const eng_peer_t *p)

@@ -98,23 +98,29 @@ eng_peer_t *eh_peer_on(eng_harness_t *h, unsigned n, unsigned dev)
     return p;
 }
 
-/* The job's table of a line of three, host 0 - host 1 - host 2, four
- * entries (host h's device dev[i] at addr[i], each /30 a cable) naming the
- * hosts by ids[host]. */
-static void fill_line_table(eng_harness_t *h, const uint8_t *const ids[3],
-                            const uint32_t addr[4])
+/* n entries of a job's table: entry i is host[i]'s device dev[i] at
+ * addr[i] (each /30 a cable), the hosts named by ids[host]. */
+static void fill_table(tb_wire_ehost_t *ent, unsigned n, const uint8_t *const *ids,
+                       const unsigned *host, const unsigned *dev, const uint32_t *addr)
 {
-    static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
-    tb_wire_ehost_t *ent = h->relay_table;
-
-    memset(h->relay_table, 0, sizeof(h->relay_table));
-    for (unsigned i = 0; i < 4; ++i) {
+    memset(ent, 0, n * sizeof(*ent));
+    for (unsigned i = 0; i < n; ++i) {
         memcpy(ent[i].engine_id, ids[host[i]], sizeof(ent[i].engine_id));
         ent[i].ipv4 = htonl(addr[i]);
         ent[i].netmask = htonl(0xfffffffcu);
         ent[i].cm_port = tb_wire_le16(4000);
         ent[i].dev = (uint8_t) dev[i];
     }
+}
+
+/* The job's table of a line of three, host 0 - host 1 - host 2, four
+ * entries (fill_table). */
+static void fill_line_table(eng_harness_t *h, const uint8_t *const ids[3],
+                            const uint32_t addr[4])
+{
+    static const unsigned host[4] = {0, 1, 1, 2}, dev[4] = {0, 0, 1, 0};
+
+    fill_table(h->relay_table, 4, ids, host, dev, addr);
 }
 
 void eh_relay_table(eng_harness_t *h)
@@ -146,7 +152,6 @@ void eh_ring_table(eng_harness_t *h)
     static const uint32_t addr[8] = {0x0a000101, 0x0a000402, 0x0a000102, 0x0a000201,
                                      0x0a000202, 0x0a000301, 0x0a000302, 0x0a000401};
     const uint8_t *ids[4];
-    tb_wire_ehost_t *ent = h->ring_table;
 
     if (h->e->ndev < 2) {
         eh_second_device(h);
@@ -155,14 +160,7 @@ void eh_ring_table(eng_harness_t *h)
     ids[1] = eh_peer_on(h, 1, 0)->id;
     ids[2] = eh_peer_on(h, 2, 0)->id;
     ids[3] = eh_peer_on(h, 3, 1)->id;
-    memset(h->ring_table, 0, sizeof(h->ring_table));
-    for (unsigned i = 0; i < 8; ++i) {
-        memcpy(ent[i].engine_id, ids[host[i]], sizeof(ent[i].engine_id));
-        ent[i].ipv4 = htonl(addr[i]);
-        ent[i].netmask = htonl(0xfffffffcu);
-        ent[i].cm_port = tb_wire_le16(4000);
-        ent[i].dev = (uint8_t) dev[i];
-    }
+    fill_table(h->ring_table, 8, ids, host, dev, addr);
     qsort(h->ring_table, 8, sizeof(h->ring_table[0]), ring_entry_cmp);
     h->dev.ipv4.s_addr = htonl(addr[0]);
     h->dev.netmask.s_addr = htonl(0xfffffffcu);

@@ -1170,6 +1170,22 @@ END_TEST
 /* A message of flow `flow` (0: none) from host src to host dst, numbered
  * seq, as neighbour n passes it on: DATA for rank 1 (one byte), or BACK of
  * try id. */
+/* A relay header by t's table: src to dst, tag, flow. */
+static tb_wire_erelay_t relay_hdr(const tb_topo_t *t, unsigned src, unsigned dst, uint8_t tag,
+                                  unsigned flow)
+{
+    tb_wire_erelay_t rh;
+
+    memset(&rh, 0, sizeof(rh));
+    rh.digest = tb_wire_le32(t->digest);
+    rh.src_host = tb_wire_le16((uint16_t) src);
+    rh.dst_host = tb_wire_le16((uint16_t) dst);
+    rh.tag = tag;
+    rh.hops_left = 4;
+    rh.flow = (uint8_t) flow;
+    return rh;
+}
+
 static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
                        unsigned flow, uint8_t tag, uint32_t seq, uint64_t id)
 {
@@ -1178,13 +1194,7 @@ static void detour_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned
     tb_wire_emsg_t m;
     bool data = TB_ETAG_DATA == tag;
 
-    memset(&rh, 0, sizeof(rh));
-    rh.digest = tb_wire_le32(t->digest);
-    rh.src_host = tb_wire_le16((uint16_t) src);
-    rh.dst_host = tb_wire_le16((uint16_t) dst);
-    rh.tag = tag;
-    rh.hops_left = 3;
-    rh.flow = (uint8_t) flow;
+    rh = relay_hdr(t, src, dst, tag, flow);
     memset(&m, 0, sizeof(m));
     if (data) {
         m.src = tb_wire_le32(7);
@@ -1463,21 +1473,15 @@ static void ring_of_four(eng_harness_t *h, eng_peer_t **b, eng_peer_t **c, tb_to
     ck_assert_uint_eq(t->peer[3][1], 0);
 }
 
+
 /* A relay header (src, dst, tag, flow) then body, as neighbour n sends it. */
 static void round_msg(eng_peer_t *n, const tb_topo_t *t, unsigned src, unsigned dst,
                       unsigned flow, uint8_t tag, const void *body, size_t blen)
 {
     uint8_t buf[sizeof(tb_wire_erelay_t) + 256];
-    tb_wire_erelay_t rh;
+    tb_wire_erelay_t rh = relay_hdr(t, src, dst, tag, flow);
 
     ck_assert_uint_le(blen, 256);
-    memset(&rh, 0, sizeof(rh));
-    rh.digest = tb_wire_le32(t->digest);
-    rh.src_host = tb_wire_le16((uint16_t) src);
-    rh.dst_host = tb_wire_le16((uint16_t) dst);
-    rh.tag = tag;
-    rh.hops_left = 4;
-    rh.flow = (uint8_t) flow;
     memcpy(buf, &rh, sizeof(rh));
     memcpy(buf + sizeof(rh), body, blen);
     tb_eng_peer_recv(n, TB_ETAG_RELAY, buf, sizeof(rh) + blen);
@@ -1518,13 +1522,7 @@ START_TEST(ring_cable_goes_round)
          * without leaving the queue pointing at it. */
         uint8_t buf[sizeof(tb_wire_erelay_t) + 1] = {0};
         struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
-        tb_wire_erelay_t rh;
-        memset(&rh, 0, sizeof(rh));
-        rh.digest = tb_wire_le32(t.digest);
-        rh.src_host = tb_wire_le16(2);
-        rh.dst_host = tb_wire_le16(3);
-        rh.tag = TB_ETAG_DATA;
-        rh.flow = 2;
+        tb_wire_erelay_t rh = relay_hdr(&t, 2, 3, TB_ETAG_DATA, 2);
         memcpy(buf, &rh, sizeof(rh));
         tb_eng_relay_unsent(b, &iov, 1, sizeof(buf));
     }
@@ -1560,12 +1558,7 @@ START_TEST(ring_cable_goes_round)
 
     /* Round b's cable from peer 1 (through 2 and 3): host 1's message for
      * host 3, taken as come over the cable and sent on. */
-    memset(&ih, 0, sizeof(ih));
-    ih.digest = tb_wire_le32(t.digest);
-    ih.src_host = tb_wire_le16(1);
-    ih.dst_host = tb_wire_le16(3);
-    ih.tag = TB_ETAG_DATA;
-    ih.hops_left = 3;
+    ih = relay_hdr(&t, 1, 3, TB_ETAG_DATA, 0);
     memcpy(inner, &ih, sizeof(ih));
     inner[sizeof(ih)] = 'q';
     round_msg(c, &t, 1, 0, 1, TB_ETAG_RELAY, inner, sizeof(inner));
@@ -1607,15 +1600,9 @@ START_TEST(round_carries_no_round)
 
     ring_of_four(&h, &b, &c, &t);
     ck_assert(tb_eng_peer_detour(b, TB_CHAN_ELINK, "test: link down"));
-    memset(&ih, 0, sizeof(ih));
-    ih.digest = tb_wire_le32(t.digest);
     /* Host 2's cable to host 3, whose way round (2, 1, here, 3) comes from
      * host 1: it would pass for it. */
-    ih.src_host = tb_wire_le16(2);
-    ih.dst_host = tb_wire_le16(3);
-    ih.tag = TB_ETAG_DATA;
-    ih.hops_left = 3;
-    ih.flow = 2;
+    ih = relay_hdr(&t, 2, 3, TB_ETAG_DATA, 2);
     round_msg(c, &t, 1, 0, 1, TB_ETAG_RELAY, &ih, sizeof(ih));
     ck_assert_int_eq(b->state, ENG_PEER_FAILED);
     ck_assert_int_eq(c->state, ENG_PEER_CONNECTED);
@@ -1623,9 +1610,7 @@ START_TEST(round_carries_no_round)
     eh_fini(&h);
 
     double_line(&h, &b0, &b1, &r, &t);
-    ih.src_host = tb_wire_le16(1);
-    ih.dst_host = tb_wire_le16(2);
-    ih.flow = 0;
+    ih = relay_hdr(&t, 1, 2, TB_ETAG_DATA, 0);
     round_msg(b1, &t, 1, 0, 1, TB_ETAG_RELAY, &ih, sizeof(ih));
     ck_assert_int_eq(b1->state, ENG_PEER_FAILED);
     eh_fini(&h);
