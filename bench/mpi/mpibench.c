@@ -30,8 +30,11 @@
  *       checked, for SECONDS (default 30); rank 0 prints "gaps ready" once
  *       they flow, then, at the end, "gap START_MS LENGTH_MS" for each time
  *       between two round trips' ends longer than 100 ms (START_MS: the first
- *       one's end, in ms of the Unix epoch, for a fault's time beside it) and
- *       "gaps TRIPS MEDIAN_USEC" (the median round trip).
+ *       one's end, in ms of the Unix epoch, for a fault's time beside it),
+ *       "rt SECOND_MS MEDIAN_USEC TRIPS" for each second of the run (the
+ *       median round trip of those that ended in it, SECOND_MS its start in ms
+ *       of the epoch: the cost of a way round beside the cable's) and "gaps
+ *       TRIPS MEDIAN_USEC" (the median round trip).
  */
 #include <mpi.h>
 
@@ -75,10 +78,13 @@ static double epoch_ms(void)
 static int gaps(int rank, int seconds, size_t bytes)
 {
     unsigned char *buf = calloc(1, bytes ? bytes : 1);
-    double *rt = NULL, t_end, t_prev, t, gap_at[GAPS_MAX], gap_len[GAPS_MAX];
+    double *rt = NULL, *ends = NULL, t_end, t_prev, t, gap_at[GAPS_MAX], gap_len[GAPS_MAX];
     int stop = 0, ngaps = 0, trips = 0, bad = 0;
 
-    if (NULL == buf || (0 == rank && NULL == (rt = calloc(GAPS_TRIPS, sizeof(*rt))))) {
+    if (NULL == buf
+        || (0 == rank
+            && (NULL == (rt = calloc(GAPS_TRIPS, sizeof(*rt)))
+                || NULL == (ends = calloc(GAPS_TRIPS, sizeof(*ends)))))) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (0 == rank) {
@@ -102,6 +108,7 @@ static int gaps(int rank, int seconds, size_t bytes)
             t_prev = t;
             if (trips < GAPS_TRIPS) {
                 rt[trips] = MPI_Wtime() - t0;
+                ends[trips] = t;
             }
             if (1 == ++trips) {
                 printf("gaps ready\n");
@@ -123,11 +130,21 @@ static int gaps(int rank, int seconds, size_t bytes)
         for (int i = 0; i < ngaps; ++i) {
             printf("gap %.0f %.1f\n", gap_at[i], gap_len[i]);
         }
+        /* Per second, in order (ends only grow): sorted in place, once
+         * printed the round trips are not needed in order again. */
+        for (int i = 0, j; i < n; i = j) {
+            double second = (double) ((long long) (ends[i] / 1000.0) * 1000LL);
+            for (j = i; j < n && ends[j] < second + 1000.0; ++j) {
+            }
+            qsort(rt + i, (size_t) (j - i), sizeof(*rt), cmp_double);
+            printf("rt %.0f %.2f %d\n", second, rt[i + (j - i) / 2] * 1e6, j - i);
+        }
         qsort(rt, (size_t) n, sizeof(*rt), cmp_double);
         printf("gaps %d %.2f%s\n", trips, n ? rt[n / 2] * 1e6 : 0.0,
                bad ? " (replies with wrong bytes)" : "");
     }
     MPI_Barrier(MPI_COMM_WORLD);
+    free(ends);
     free(rt);
     free(buf);
     return bad ? 1 : 0;
