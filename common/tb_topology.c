@@ -34,16 +34,6 @@ static void find_cable(tb_topo_t *t, unsigned h, unsigned d)
     }
 }
 
-static bool joined(const tb_topo_t *t, unsigned a, unsigned b)
-{
-    for (unsigned d = 0; d < t->host[a].ndev; ++d) {
-        if (t->peer[a][d] == b) {
-            return true;
-        }
-    }
-    return false;
-}
-
 /* Breadth-first from every host (at most 64: a few thousand steps). */
 static void compute_dist(tb_topo_t *t)
 {
@@ -145,6 +135,16 @@ int tb_topo_find(const tb_topo_t *t, const uint8_t *id)
     return -1;
 }
 
+int tb_topo_cable_to(const tb_topo_t *t, unsigned a, unsigned b)
+{
+    for (unsigned d = 0; a < t->nhosts && d < t->host[a].ndev; ++d) {
+        if (t->peer[a][d] == b) {
+            return (int) d;
+        }
+    }
+    return -1;
+}
+
 int tb_topo_next_hop(const tb_topo_t *t, unsigned a, unsigned b, unsigned *dev)
 {
     unsigned want;
@@ -155,14 +155,10 @@ int tb_topo_next_hop(const tb_topo_t *t, unsigned a, unsigned b, unsigned *dev)
     want = t->dist[a][b] - 1u;
     /* The lowest neighbour one hop nearer, then a's lowest cable to it. */
     for (unsigned n = 0; n < t->nhosts; ++n) {
-        if (t->dist[n][b] != want || !joined(t, a, n)) {
-            continue;
-        }
-        for (unsigned d = 0; d < t->host[a].ndev; ++d) {
-            if (t->peer[a][d] == n) {
-                *dev = d;
-                return (int) n;
-            }
+        int d = t->dist[n][b] == want ? tb_topo_cable_to(t, a, n) : -1;
+        if (d >= 0) {
+            *dev = (unsigned) d;
+            return (int) n;
         }
     }
     return -1;

@@ -54,6 +54,9 @@ int tb_topo_build(tb_topo_t *t, const tb_topo_host_t *hosts, unsigned n, const c
 /* The index of the host with id, or -1. */
 int tb_topo_find(const tb_topo_t *t, const uint8_t *id);
 
+/* Host a's lowest device whose cable leads to host b, or -1. */
+int tb_topo_cable_to(const tb_topo_t *t, unsigned a, unsigned b);
+
 /* The next host on the route from host a to host b (a != b), and in *dev the
  * device of a that leads there: the lowest of a's cables up to it.  -1 when
  * no route. */

@@ -197,11 +197,10 @@ void tb_eng_detour_cut(tb_engine_t *e, unsigned s, unsigned k, const char *why)
     detour_tell(e, s, k, s, why);
 }
 
-void tb_eng_detour_lost(tb_engine_t *e, const eng_peer_t *q, unsigned qh, const char *why)
+void tb_eng_detour_lost(tb_engine_t *e, unsigned qh, const char *why)
 {
     const tb_topo_t *t = e->topo;
 
-    (void) q;
     for (unsigned s = 0; s < t->nhosts; ++s) {
         for (unsigned k = 0; k < t->host[s].ndev; ++k) {
             const eng_detour_t *w = e->detour_seen[s][k] ? detour_of(e, s, k) : NULL;
@@ -270,7 +269,7 @@ static bool tunnel_start(eng_peer_t *p, unsigned h, const char *why, unsigned *m
     }
     /* Other failed cables' flows that came round through here over p's
      * cable: their ends hear it (those on this side, from here). */
-    tb_eng_detour_lost(p->e, p, h, why);
+    tb_eng_detour_lost(p->e, h, why);
     p->fwd_head = head;
     p->fwd_tail = tail;
     p->fwd_hold = *moved;

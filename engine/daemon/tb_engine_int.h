@@ -693,9 +693,10 @@ bool tb_eng_detour_other_cable(const tb_engine_t *e, unsigned h, unsigned k);
  * told, once, along the way back (a notice in the flow of the cable's other
  * end: TB_ETAG_UNREACH behind the relay header naming it). */
 void tb_eng_detour_cut(tb_engine_t *e, unsigned s, unsigned k, const char *why);
-/* Neighbour q (host qh) is lost: the ends of every failed cable's flow that
- * went round through here over q's cable are told, those on this side. */
-void tb_eng_detour_lost(tb_engine_t *e, const eng_peer_t *q, unsigned qh, const char *why);
+/* The cable to neighbour host qh is lost (no other to it stands): the ends of
+ * every failed cable's flow that went round through here over it are told,
+ * those on this side. */
+void tb_eng_detour_lost(tb_engine_t *e, unsigned qh, const char *why);
 /* A notice that a way is cut (TB_ETAG_UNREACH), relayed from this engine to
  * host to as from host src (itself, or a failed cable's other end: flow,
  * that end's device + 1, or 0), naming host named and why. */

@@ -455,7 +455,7 @@ static void send_unreach(tb_engine_t *e, unsigned to, unsigned lost, const char 
 static int relay_next(const tb_engine_t *e, const tb_wire_erelay_t *rh, unsigned dst,
                       unsigned *dev)
 {
-    int next;
+    int next, d;
 
     if (0 == rh->flow) {
         return tb_topo_next_hop(e->topo, e->me, dst, dev);
@@ -465,13 +465,11 @@ static int relay_next(const tb_engine_t *e, const tb_wire_erelay_t *rh, unsigned
     next = 1 == e->topo->dist[e->me][dst]
                ? (int) dst
                : tb_eng_detour_next(e, tb_wire_le16(rh->src_host), rh->flow - 1u, e->me, dst);
-    for (unsigned d = 0; next >= 0 && d < e->topo->host[e->me].ndev; ++d) {
-        if (e->topo->peer[e->me][d] == (unsigned) next) {
-            *dev = d;
-            return next;
-        }
+    if (next < 0 || (d = tb_topo_cable_to(e->topo, e->me, (unsigned) next)) < 0) {
+        return -1;
     }
-    return -1;
+    *dev = (unsigned) d;
+    return next;
 }
 
 void tb_eng_relay_out(tb_engine_t *e, unsigned dst, const tb_wire_erelay_t *rh,
@@ -648,7 +646,7 @@ void tb_eng_relay_lost(eng_peer_t *q, const char *why)
     if (w) {
         tb_eng_relay_redirect(q, w);
     } else {
-        tb_eng_detour_lost(e, q, (unsigned) qh, why);
+        tb_eng_detour_lost(e, (unsigned) qh, why);
     }
     for (unsigned s = 0; s < e->topo->nhosts; ++s) {
         for (unsigned d = 0; d < e->topo->nhosts; ++d) {
